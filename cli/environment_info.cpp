@@ -1,0 +1,36 @@
+// `vlatune --version`: what this binary is and what it runs on. The only CLI file that asks torch/CUDA.
+#include <torch/torch.h>
+#ifdef VLATUNE_HAVE_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+#include <sstream>
+
+#include "cli/cli.h"
+#include "kernels/device_probe.h"
+
+namespace vlatune::cli {
+
+std::string version_text() {
+  std::ostringstream os;
+  os << "vlatune " << VLATUNE_VERSION << " (commit " << VLATUNE_GIT_COMMIT << ")\n";
+  os << "LibTorch " << VLATUNE_TORCH_VERSION << "\n";
+  os << "CUDA support: " << (kernels::cuda_kernels_built() ? "built (sm_90 kernels)" : "not built") << "\n";
+  os << "GPU: ";
+  if (torch::cuda::is_available()) {
+#ifdef VLATUNE_HAVE_CUDA
+    const cudaDeviceProp* prop = at::cuda::getDeviceProperties(0);
+    os << prop->name << " (" << torch::cuda::device_count() << " visible, compute " << prop->major << "." << prop->minor
+       << ", " << (prop->totalGlobalMem >> 20) << " MiB; vlatune kernels run sm_" << kernels::device_code_arch() / 10
+       << " code)";
+#else
+    os << torch::cuda::device_count() << " CUDA device(s) visible";
+#endif
+  } else {
+    os << "none";
+  }
+  os << "\n";
+  return os.str();
+}
+
+}  // namespace vlatune::cli

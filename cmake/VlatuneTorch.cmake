@@ -1,0 +1,95 @@
+# LibTorch from the torch wheel of the interpreter scripts/setup.sh recorded (never PATH's python3),
+# the shared torch precompiled header, and the CUDA switch.
+
+if(NOT VLATUNE_PYTHON)
+  set(_recorded "${PROJECT_SOURCE_DIR}/.vlatune/python")
+  if(NOT EXISTS "${_recorded}")
+    message(FATAL_ERROR "vlatune: no torch interpreter recorded in ${_recorded}. Run scripts/setup.sh first, "
+                        "or pass -DVLATUNE_PYTHON=/path/to/python (with torch==2.11.0), "
+                        "or -DVLATUNE_WITH_TORCH=OFF for the torch-free tier only.")
+  endif()
+  file(STRINGS "${_recorded}" VLATUNE_PYTHON LIMIT_COUNT 1)
+endif()
+execute_process(
+  COMMAND "${VLATUNE_PYTHON}" -c
+          "import os, torch; print(torch.utils.cmake_prefix_path); print(torch.__version__); print(torch.version.cuda or ''); print(os.path.dirname(os.path.dirname(torch.__file__)))"
+  OUTPUT_VARIABLE _torch_info RESULT_VARIABLE _torch_rc OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT _torch_rc EQUAL 0)
+  message(FATAL_ERROR "vlatune: '${VLATUNE_PYTHON}' cannot import torch. Run scripts/setup.sh.")
+endif()
+string(REPLACE "\n" ";" _torch_info "${_torch_info}")
+list(GET _torch_info 0 _torch_prefix)
+list(GET _torch_info 1 VLATUNE_TORCH_VERSION)
+list(GET _torch_info 2 _torch_cuda)
+list(GET _torch_info 3 VLATUNE_SITE_PACKAGES)
+message(STATUS "vlatune: torch ${VLATUNE_TORCH_VERSION} (CUDA '${_torch_cuda}') from ${VLATUNE_PYTHON}")
+list(APPEND CMAKE_PREFIX_PATH "${_torch_prefix}")
+
+# CUDA: AUTO = on when this LibTorch was built with CUDA and nvcc exists.
+set(VLATUNE_HAVE_CUDA OFF)
+if(NOT VLATUNE_CUDA STREQUAL "OFF" AND _torch_cuda)
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(VLATUNE_HAVE_CUDA ON)
+  elseif(VLATUNE_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "vlatune: VLATUNE_CUDA=ON but no nvcc was found (set CMAKE_CUDA_COMPILER)")
+  endif()
+elseif(VLATUNE_CUDA STREQUAL "ON")
+  message(FATAL_ERROR "vlatune: VLATUNE_CUDA=ON but torch ${VLATUNE_TORCH_VERSION} has no CUDA")
+endif()
+
+if(VLATUNE_HAVE_CUDA)
+  if(NOT CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES 90)   # H100/H200; the default (75) would run Hopper code through PTX JIT
+  endif()
+  set(TORCH_CUDA_ARCH_LIST "9.0")
+  enable_language(CUDA)
+  set(CMAKE_CUDA_STANDARD 17)
+  find_package(CUDAToolkit REQUIRED)
+endif()
+
+# Torch's own CMake looks for Python and for the toolkit: give it our interpreter, and the architecture through
+# TORCH_CUDA_ARCH_LIST (it adds -gencode arch=compute_90,code=sm_90 to CMAKE_CUDA_FLAGS and ignores, with a
+# warning, a CMAKE_CUDA_ARCHITECTURES left set).
+set(Python_EXECUTABLE "${VLATUNE_PYTHON}")
+unset(CMAKE_CUDA_ARCHITECTURES)
+find_package(Torch REQUIRED)
+if(VLATUNE_HAVE_CUDA)
+  set(CMAKE_CUDA_ARCHITECTURES OFF)  # -gencode comes from torch's CMAKE_CUDA_FLAGS (sm_90 only)
+endif()
+message(STATUS "vlatune: CUDA kernels/CUPTI/NVTX/NCCL: ${VLATUNE_HAVE_CUDA}")
+
+# The wheel's CUDA libraries (cuBLAS, CUPTI, NCCL, ...) live in site-packages/nvidia/*/lib; torch's own
+# libraries find them through their RPATH, the linker needs to be told.
+file(GLOB _nvidia_lib_dirs LIST_DIRECTORIES true "${VLATUNE_SITE_PACKAGES}/nvidia/*/lib")
+set(VLATUNE_NVIDIA_LIB_DIRS ${_nvidia_lib_dirs})
+
+# One interface target every torch-tier target links: torch, its flags, our rpaths, CUDA definitions.
+add_library(vlatune_torch INTERFACE)
+target_link_libraries(vlatune_torch INTERFACE ${TORCH_LIBRARIES})
+target_compile_options(vlatune_torch INTERFACE $<$<COMPILE_LANGUAGE:CXX>:${TORCH_CXX_FLAGS}>)
+target_compile_definitions(vlatune_torch INTERFACE VLATUNE_TORCH_VERSION="${VLATUNE_TORCH_VERSION}")
+foreach(_d IN LISTS VLATUNE_NVIDIA_LIB_DIRS)
+  target_link_options(vlatune_torch INTERFACE "LINKER:-rpath-link,${_d}")
+endforeach()
+
+# One precompiled <torch/torch.h>, built once and reused by every torch-tier target (REUSE_FROM): a TU that
+# includes torch/torch.h costs ~15-24 s here without it, ~9 s with it.
+add_library(vlatune_torch_pch STATIC "${PROJECT_SOURCE_DIR}/cmake/torch_pch.cpp")
+target_link_libraries(vlatune_torch_pch PUBLIC vlatune_torch)
+target_precompile_headers(vlatune_torch_pch PRIVATE "${PROJECT_SOURCE_DIR}/cmake/torch_pch.h")
+if(VLATUNE_CCACHE)
+  target_compile_options(vlatune_torch_pch PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-fpch-preprocess>)
+endif()
+
+# vlatune_use_torch_pch(target): the target's C++ files reuse the shared torch PCH.
+function(vlatune_use_torch_pch target)
+  target_precompile_headers(${target} REUSE_FROM vlatune_torch_pch)
+  if(VLATUNE_CCACHE)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-fpch-preprocess>)
+  endif()
+endfunction()

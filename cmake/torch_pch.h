@@ -1,0 +1,3 @@
+// The one precompiled header of the torch tier (see cmake/VlatuneTorch.cmake).
+#pragma once
+#include <torch/torch.h>

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian 12 machine needs to build and test vlatune, idempotently:
+# Debian packages (headers, test/bench libraries, optional HDF5/SentencePiece) and
+# torch==2.11.0 from PyPI into the project virtual environment .venv (LibTorch comes from that wheel).
+# A second run checks and returns in seconds.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+torch_version="${VLATUNE_TORCH_VERSION:-2.11.0}"
+# The venv lives outside the checkout so every clone on this machine (CI included) shares one torch install.
+venv="${VLATUNE_VENV:-$HOME/.cache/vlatune/venv-torch-$torch_version}"
+
+debs=(build-essential cmake ninja-build ccache git pkg-config python3-venv
+      nlohmann-json3-dev libcli11-dev catch2 libbenchmark-dev
+      libhdf5-dev libsentencepiece-dev sentencepiece zlib1g-dev)
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "setup: creating $venv"
+  mkdir -p "$(dirname "$venv")"
+  /usr/bin/python3 -m venv "$venv"
+fi
+have="$("$venv/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null || true)"
+if [ "${have%%+*}" != "$torch_version" ]; then
+  echo "setup: installing torch==$torch_version into $venv (large download, once)"
+  "$venv/bin/pip" install -q --upgrade pip
+  "$venv/bin/pip" install -q "torch==$torch_version" numpy
+fi
+# Record the interpreter so CMake finds torch through it and never through PATH's python3.
+mkdir -p "$root/.vlatune"
+echo "$venv/bin/python" > "$root/.vlatune/python"
+echo "setup: ok (torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)'))"
