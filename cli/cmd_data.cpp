@@ -36,7 +36,7 @@ void setup_data(CLI::App& app, Context& ctx) {
   auto synth = std::make_shared<DataSynthOptions>();
   auto* s = cmd->add_subcommand("synth", "LIBERO-shaped synthetic dataset (2 cameras, prompts, 50-step chunks)");
   s->add_option("--config", synth->config, "Model size")->check(CLI::IsMember({"tiny", "full"}));
-  s->add_option("--samples", synth->samples, "Number of samples")->required()->check(CLI::PositiveNumber);
+  s->add_option("--samples", synth->samples, "Number of samples")->required()->check(CLI::Range(1, 1 << 30));
   s->add_option("--seed", synth->seed, "Random seed");
   s->add_option("--prompt-len", synth->prompt_len, "MIN:MAX real prompt tokens (padded to 200)");
   s->add_option("--out", synth->out, "Dataset directory")->required();

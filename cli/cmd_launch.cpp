@@ -21,7 +21,7 @@ void setup_launch(CLI::App& app, Context& ctx) {
   auto* cmd = app.add_subcommand("launch",
                                  "Run a vlatune verb on N local GPUs (sets RANK, LOCAL_RANK, "
                                  "WORLD_SIZE, MASTER_ADDR, MASTER_PORT)");
-  cmd->add_option("--nproc", opts->nproc, "Processes (GPUs) on this host")->check(CLI::PositiveNumber);
+  cmd->add_option("--nproc", opts->nproc, "Processes (GPUs) on this host")->check(CLI::Range(1, 1024));
   cmd->add_option("command", opts->command, "The verb and its arguments, after --")->required();
   cmd->callback([&ctx, opts] { ctx.action = [opts] { return run_launch(*opts); }; });
 }

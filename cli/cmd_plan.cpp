@@ -30,7 +30,7 @@ void setup_plan(CLI::App& app, Context& ctx) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--memory-budget", opts->memory_budget_gib, "GiB (default: profiled GPU memory - 5%)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--world-size", opts->world_size, "Data-parallel GPUs")->check(CLI::PositiveNumber);
+  cmd->add_option("--world-size", opts->world_size, "Data-parallel GPUs")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--fp8", opts->fp8, "Consider FP8 Linears")->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--out", opts->out, "recipe.json to write")->required();
   cmd->add_flag("--explain", opts->explain, "Print every decision with the figures behind it");

@@ -28,9 +28,9 @@ void setup_profile(CLI::App& app, Context& ctx) {
                                  "cost and bf16/FP8 GEMM times -> DIR/profile.json");
   cmd->add_option("--config", opts->config, "Model size")->check(CLI::IsMember({"tiny", "full"}));
   cmd->add_option("--data", opts->data, "Dataset directory, or 'synthetic' (batches made on the GPU)");
-  cmd->add_option("--batch", opts->batch, "Micro-batch size")->check(CLI::PositiveNumber);
-  cmd->add_option("--steps", opts->steps, "Profiled steps")->check(CLI::PositiveNumber);
-  cmd->add_option("--warmup", opts->warmup, "Warm-up steps before profiling")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--batch", opts->batch, "Micro-batch size")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--steps", opts->steps, "Profiled steps")->check(CLI::Range(1, 1 << 30));
+  cmd->add_option("--warmup", opts->warmup, "Warm-up steps before profiling")->check(CLI::Range(0, 1 << 30));
   cmd->add_option("--recipe", opts->recipe, "recipe.json to profile under")->check(CLI::ExistingFile);
   cmd->add_option("--out", opts->out, "Output directory")->required();
   cmd->callback([&ctx, opts] { ctx.action = [opts] { return run_profile(*opts); }; });

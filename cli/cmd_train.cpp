@@ -30,8 +30,8 @@ void setup_train(CLI::App& app, Context& ctx) {
                                  "checkpoints}");
   cmd->add_option("--config", opts->config, "Model size")->check(CLI::IsMember({"tiny", "full"}));
   cmd->add_option("--data", opts->data, "Dataset directory, or 'synthetic' (batches made on the GPU)");
-  cmd->add_option("--steps", opts->steps, "Total optimizer steps")->check(CLI::PositiveNumber);
-  cmd->add_option("--batch", opts->batch, "Micro-batch size")->check(CLI::PositiveNumber);
+  cmd->add_option("--steps", opts->steps, "Total optimizer steps")->check(CLI::Range(1, 1 << 30));
+  cmd->add_option("--batch", opts->batch, "Micro-batch size")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--out", opts->out, "Run directory");
   cmd->add_option("--recipe", opts->recipe, "recipe.json (flags override it)")->check(CLI::ExistingFile);
   cmd->add_option("--resume", opts->resume, "Continue the run in RUNDIR")->check(CLI::ExistingDirectory);

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Builds vlatune on the GPU machine against its torch wheel, runs the GPU test cases ([.gpu]) and the CPU
+# tests, the benchmarks, and optionally the PyTorch reference beside them; prints a short table last.
+#
+# From the development machine (see README "GPU machine"):
+#   bash scripts/pack-deps.sh && mkdir -p .ref && cp ../shared/reference/pi05_torch_reference.py .ref/
+#   device run: command "bash scripts/gpu-check.sh --ref compiled", carry [".deps", ".ref"]
+#
+# Options:
+#   --ref LIST     comma-separated reference variants to run in the same call (none by default):
+#                  eager-sdpa   (2 slots, SDPA, ViT recomputed)          compiled      (+ torch.compile per layer)
+#                  compiled-fp8 (+ FP8 tensorwise)                       compiled-norc (compiled, nothing recomputed)
+#                  compiled-fp8-trim (compiled + FP8, prompts of 64 tokens)
+#   --bench-filter REGEX   Google Benchmark filter (default: all)
+#   --skip-tests           only build and benchmark
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+out="${OUT:-$root/out}"
+mkdir -p "$out"
+refs=""
+bench_filter="."
+skip_tests=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --ref) refs="$2"; shift 2 ;;
+    --bench-filter) bench_filter="$2"; shift 2 ;;
+    --skip-tests) skip_tests=1; shift ;;
+    *) echo "gpu-check: unknown option '$1'" >&2; exit 4 ;;
+  esac
+done
+python="$(command -v python3)"
+status=0
+log() { echo "== $*"; }
+
+log "environment"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+"$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+
+log "build (build-gpu/)"
+t0=$(date +%s)
+prefix="$root/.deps/root/usr"
+[ -d "$prefix" ] || { echo "gpu-check: .deps missing: run scripts/pack-deps.sh here and carry .deps" >&2; exit 4; }
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DVLATUNE_PYTHON="$python" -DVLATUNE_CUDA=ON \
+  -DCMAKE_PREFIX_PATH="$prefix" >"$out/cmake.log" 2>&1 || { tail -40 "$out/cmake.log"; exit 1; }
+ninja -C build-gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { tail -60 "$out/build.log"; exit 1; }
+build_s=$(( $(date +%s) - t0 ))
+echo "built in ${build_s}s"
+./build-gpu/cli/vlatune --version
+
+if [ "$skip_tests" = 0 ]; then
+  log "GPU tests ([gpu])"
+  ./build-gpu/tests/vlatune_tests_torch "[gpu]" --durations yes 2>&1 | tee "$out/tests_gpu.log" | tail -40
+  gpu_rc=${PIPESTATUS[0]}; [ "$gpu_rc" = 0 ] || status=1
+  log "CPU tests (ctest)"
+  ctest --test-dir build-gpu --output-on-failure 2>&1 | tail -15
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+
+log "benchmarks"
+./build-gpu/bench/vlatune_bench --benchmark_filter="$bench_filter" --benchmark_repetitions=10 \
+  --benchmark_report_aggregates_only=true --benchmark_out="$out/bench.json" --benchmark_out_format=json 2>&1 | tail -30
+
+: >"$out/reference.jsonl"
+if [ -n "$refs" ]; then
+  ref="$root/.ref/pi05_torch_reference.py"
+  [ -f "$ref" ] || { echo "gpu-check: $ref missing (copy ../shared/reference/ into .ref and carry it)" >&2; exit 4; }
+  IFS=',' read -ra variants <<<"$refs"
+  for v in "${variants[@]}"; do
+    case "$v" in
+      eager-sdpa) flags="--slots 2 --attn sdpa --recompute vit" ;;
+      compiled) flags="--slots 2 --attn sdpa --recompute vit --compile layer" ;;
+      compiled-fp8) flags="--slots 2 --attn sdpa --recompute vit --compile layer --fp8 tensorwise" ;;
+      compiled-norc) flags="--slots 2 --attn sdpa --recompute none --compile layer" ;;
+      compiled-fp8-trim) flags="--slots 2 --attn sdpa --recompute vit --compile layer --fp8 tensorwise --text 64" ;;
+      *) echo "gpu-check: unknown reference variant '$v'" >&2; exit 4 ;;
+    esac
+    log "reference $v: $flags"
+    PYTHONUNBUFFERED=1 "$python" "$ref" $flags --steps 10 --warmup 3 --tag "$v" 2>&1 | tee "$out/ref_$v.log" | grep RESULT \
+      | sed 's/^RESULT //' >>"$out/reference.jsonl"
+  done
+fi
+
+log "summary"
+"$python" - "$out/bench.json" "$out/reference.jsonl" "$build_s" <<'PY'
+import json, sys
+bench, refs, build_s = sys.argv[1], sys.argv[2], sys.argv[3]
+rows = []
+try:
+    for b in json.load(open(bench))["benchmarks"]:
+        if b.get("aggregate_name") != "median": continue
+        extra = {k: v for k, v in b.items() if k in ("TFLOP/s", "GB/s", "samples/s", "peak_GiB")}
+        rows.append((b["run_name"], "%.3f ms" % b["real_time"], ", ".join("%s %.1f" % kv for kv in extra.items())))
+except Exception as e:
+    rows.append(("bench.json", "unreadable", str(e)))
+for line in open(refs):
+    r = json.loads(line)
+    rows.append(("reference " + r["tag"], "%.1f ms" % (r["step_s_median"] * 1e3),
+                 "samples/s %.1f, peak_GiB %.1f" % (r["samples_per_s"], r["peak_gib"])))
+rows.append(("build", "%s s" % build_s, ""))
+w = max(len(r[0]) for r in rows)
+print("%-*s  %-12s  %s" % (w, "what", "median", "counters"))
+for r in rows: print("%-*s  %-12s  %s" % (w, *r))
+PY
+exit $status
