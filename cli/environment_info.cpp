@@ -20,9 +20,9 @@ std::string version_text() {
   if (torch::cuda::is_available()) {
 #ifdef VLATUNE_HAVE_CUDA
     const cudaDeviceProp* prop = at::cuda::getDeviceProperties(0);
-    os << prop->name << " (" << torch::cuda::device_count() << " visible, compute " << prop->major << "." << prop->minor
-       << ", " << (prop->totalGlobalMem >> 20) << " MiB; vlatune kernels run sm_" << kernels::device_code_arch() / 10
-       << " code)";
+    os << prop->name << " (" << static_cast<int>(torch::cuda::device_count()) << " visible, compute " << prop->major
+       << "." << prop->minor << ", " << (prop->totalGlobalMem >> 20) << " MiB; vlatune kernels run sm_"
+       << kernels::device_code_arch() / 10 << " code)";
 #else
     os << torch::cuda::device_count() << " CUDA device(s) visible";
 #endif
