@@ -1,0 +1,44 @@
+// FQN patterns: how recipes name sets of modules.
+//
+// A module is named by its openpi state-dict FQN, e.g.
+//   paligemma_with_expert.paligemma.model.language_model.layers.7.mlp
+// A pattern is the same dotted form where a segment may be `*`, which matches exactly one segment:
+//   paligemma_with_expert.paligemma.model.language_model.layers.*.mlp   -> the 18 prefix MLPs
+// Rules (validate_pattern):
+//   - non-empty, no empty segments (no leading/trailing/double dots), no whitespace or control characters;
+//   - `*` is a whole segment or nothing: `layers.1*` or `**` are rejected (no partial-segment globbing, no
+//     multi-segment wildcard), and so are the other glob characters ? [ ] { };
+//   - a pattern matches an FQN only with the same number of segments (a pattern never matches a prefix: to
+//     select a subtree, name its root module).
+// resolve_patterns adds the selection rules: every pattern must match something, and no selected module may
+// lie inside another selected module (recomputing or converting a module and its child at once is ambiguous).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace vlatune::formats {
+
+// True when `fqn` has as many segments as `pattern` and each segment is equal or the pattern's is `*`.
+// Pure and allocation-free; does not validate the pattern (an invalid one simply fails to match).
+bool fqn_matches(const std::string& pattern, const std::string& fqn);
+
+// Throws FormatError(file, json_path, reason) when `pattern` breaks the rules above, e.g.
+//   recipe.json: $.recompute.modules[2]: empty segment in pattern 'a..b' (segments are separated by single dots)
+void validate_pattern(const std::string& pattern, const std::string& file, const std::string& json_path);
+
+// Resolves `patterns` (the array at `json_path` in `file`) against the model's modules.
+//   module_fqns: every module FQN in module order (named_modules() order; an empty root name is ignored).
+//   returns:     the FQNs matched by at least one pattern, in module order, each once.
+// Throws FormatError(file, json_path + "[i]", ...) naming pattern i when
+//   - it is invalid (validate_pattern);
+//   - it matches nothing; the message names the pattern and what exists where it stops matching:
+//       no module matches '...language_model.layers.18.mlp' (layers 0..17)
+//       no module matches '...layers.*.mlp.gate' (after '...layers.*.mlp': down_proj, gate_proj, up_proj)
+//   - a module it matches is nested inside (or contains) a module matched by another pattern; the message
+//     names both FQNs and both patterns' paths. i is the later of the two patterns.
+std::vector<std::string> resolve_patterns(const std::vector<std::string>& patterns,
+                                          const std::vector<std::string>& module_fqns, const std::string& file,
+                                          const std::string& json_path);
+
+}  // namespace vlatune::formats

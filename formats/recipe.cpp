@@ -1,0 +1,272 @@
+#include "formats/recipe.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <tuple>
+
+#include "formats/fqn_pattern.h"
+#include "formats/json_cursor.h"
+#include "formats/json_error.h"
+#include "formats/json_io.h"
+
+namespace vlatune::formats {
+
+namespace {
+
+// Sizes are positive and bounded, so products such as micro_batch * grad_accum * world_size fit in 64 bits.
+constexpr int64_t kMaxSize = int64_t{1} << 20;
+
+int get_size(const JsonCursor& c) {
+  return static_cast<int>(c.get_int(1, kMaxSize));
+}
+
+std::vector<std::string> parse_patterns(const JsonCursor& c) {
+  const size_t n = c.expect_array();
+  std::vector<std::string> out;
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    const JsonCursor e = c.element(i);
+    if (!e.value().is_string()) e.fail("expected a module pattern (string), got " + describe_json(e.value()));
+    out.push_back(e.get_string());
+    validate_pattern(out.back(), c.file(), e.path());
+  }
+  return out;
+}
+
+void parse_batch(const JsonCursor& c, Recipe::Batch& b) {
+  c.expect_object({"micro_batch", "grad_accum"});
+  if (auto v = c.find("micro_batch")) b.micro_batch = get_size(*v);
+  if (auto v = c.find("grad_accum")) b.grad_accum = get_size(*v);
+}
+
+void parse_data(const JsonCursor& c, Recipe::Data& d) {
+  c.expect_object({"num_images", "trim_text", "trim_multiple"});
+  if (auto v = c.find("num_images")) {
+    const auto n = v->get_optional_int(1, kMaxSize);
+    d.num_images = n ? std::optional<int>(static_cast<int>(*n)) : std::nullopt;
+  }
+  if (auto v = c.find("trim_text")) d.trim_text = v->get_bool();
+  if (auto v = c.find("trim_multiple")) d.trim_multiple = get_size(*v);
+}
+
+void parse_model_options(const JsonCursor& c, Recipe::ModelOptions& m) {
+  c.expect_object({"skip_dead", "attention", "precision"});
+  if (auto v = c.find("skip_dead")) m.skip_dead = v->get_bool();
+  if (auto v = c.find("attention")) {
+    m.attention = v->get_enum({"lean", "materialized"}) == "lean" ? Attention::kLean : Attention::kMaterialized;
+  }
+  if (auto v = c.find("precision")) {
+    m.precision = v->get_enum({"bf16", "fp32-master"}) == "bf16" ? Precision::kBf16 : Precision::kFp32Master;
+  }
+}
+
+void parse_groups(const JsonCursor& c, std::vector<Recipe::Group>& groups) {
+  const size_t n = c.expect_array();
+  std::map<std::string, std::string> seen;  // name -> path of its first definition
+  for (size_t i = 0; i < n; ++i) {
+    const JsonCursor g = c.element(i);
+    g.expect_object({"name", "modules", "cuda_graph"});
+    Recipe::Group group;
+    const JsonCursor name = g.at("name");
+    group.name = name.get_nonempty_string();
+    const auto [it, fresh] = seen.emplace(group.name, name.path());
+    if (!fresh) name.fail("duplicate group name '" + group.name + "' (first defined at " + it->second + ")");
+    const JsonCursor modules = g.at("modules");
+    group.modules = parse_patterns(modules);
+    if (group.modules.empty()) modules.fail("a group needs at least one module pattern");
+    if (auto v = g.find("cuda_graph")) group.cuda_graph = v->get_bool();
+    groups.push_back(std::move(group));
+  }
+}
+
+void parse_rationale(const JsonCursor& c, std::vector<Rationale>& rationale) {
+  const size_t n = c.expect_array();
+  for (size_t i = 0; i < n; ++i) {
+    const JsonCursor r = c.element(i);
+    r.expect_object({"decision", "reason", "numbers"});
+    Rationale item;
+    item.decision = r.at("decision").get_nonempty_string();
+    item.reason = r.at("reason").get_nonempty_string();
+    if (auto numbers = r.find("numbers")) {
+      if (!numbers->value().is_object())
+        numbers->fail("expected an object of numbers, got " + describe_json(numbers->value()));
+      for (const auto& kv : numbers->value().items()) {
+        item.numbers[kv.key()] = JsonCursor(kv.value(), c.file(), numbers->path() + "." + kv.key()).get_number();
+      }
+    }
+    rationale.push_back(std::move(item));
+  }
+}
+
+nlohmann::json optional_to_json(const std::optional<std::string>& v) {
+  return v ? nlohmann::json(*v) : nullptr;
+}
+nlohmann::json optional_to_json(const std::optional<double>& v) {
+  return v ? nlohmann::json(*v) : nullptr;
+}
+
+std::vector<std::string> sorted_unique(std::vector<std::string> v) {
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  return v;
+}
+
+}  // namespace
+
+const char* to_string(Attention v) {
+  return v == Attention::kLean ? "lean" : "materialized";
+}
+const char* to_string(Precision v) {
+  return v == Precision::kBf16 ? "bf16" : "fp32-master";
+}
+const char* to_string(Fp8Scaling) {
+  return "tensorwise";
+}
+const char* to_string(ReduceDtype v) {
+  return v == ReduceDtype::kBf16 ? "bf16" : "fp32";
+}
+
+bool operator==(const Rationale& a, const Rationale& b) {
+  return std::tie(a.decision, a.reason, a.numbers) == std::tie(b.decision, b.reason, b.numbers);
+}
+
+bool operator==(const Recipe& a, const Recipe& b) {
+  auto key = [](const Recipe& r) {
+    return std::tie(r.schema, r.model, r.batch.micro_batch, r.batch.grad_accum, r.data.num_images, r.data.trim_text,
+                    r.data.trim_multiple, r.model_options.skip_dead, r.model_options.attention,
+                    r.model_options.precision, r.recompute.modules, r.fp8.scaling, r.fp8.modules,
+                    r.distributed.world_size, r.distributed.reduce_dtype, r.tuned_on.gpu, r.tuned_on.torch,
+                    r.tuned_on.profile, r.predicted.step_ms, r.predicted.peak_gib, r.predicted.samples_per_s,
+                    r.rationale);
+  };
+  if (key(a) != key(b) || a.groups.size() != b.groups.size()) return false;
+  for (size_t i = 0; i < a.groups.size(); ++i) {
+    const auto& x = a.groups[i];
+    const auto& y = b.groups[i];
+    if (std::tie(x.name, x.modules, x.cuda_graph) != std::tie(y.name, y.modules, y.cuda_graph)) return false;
+  }
+  return true;
+}
+
+Recipe parse_recipe(const nlohmann::json& j, const std::string& file) {
+  Recipe r;
+  const JsonCursor root(j, file);
+  root.expect_object({"schema", "model", "batch", "data", "model_options", "recompute", "fp8", "groups", "distributed",
+                      "tuned_on", "predicted", "rationale"});
+  if (auto v = root.find("schema")) {
+    r.schema = v->get_string();
+    if (r.schema != kRecipeSchema) {
+      v->fail(std::string("expected \"") + kRecipeSchema + "\", got " + describe_json(v->value()) +
+              " (a recipe for another schema version)");
+    }
+  }
+  if (auto v = root.find("model")) r.model = v->get_enum({"pi05"});
+  if (auto v = root.find("batch")) parse_batch(*v, r.batch);
+  if (auto v = root.find("data")) parse_data(*v, r.data);
+  if (auto v = root.find("model_options")) parse_model_options(*v, r.model_options);
+  if (auto v = root.find("recompute")) {
+    v->expect_object({"modules"});
+    if (auto m = v->find("modules")) r.recompute.modules = parse_patterns(*m);
+  }
+  if (auto v = root.find("fp8")) {
+    v->expect_object({"scaling", "modules"});
+    if (auto s = v->find("scaling")) s->get_enum({"tensorwise"});
+    if (auto m = v->find("modules")) r.fp8.modules = parse_patterns(*m);
+  }
+  if (auto v = root.find("groups")) parse_groups(*v, r.groups);
+  if (auto v = root.find("distributed")) {
+    v->expect_object({"world_size", "reduce_dtype"});
+    if (auto w = v->find("world_size")) r.distributed.world_size = get_size(*w);
+    if (auto d = v->find("reduce_dtype")) {
+      r.distributed.reduce_dtype = d->get_enum({"bf16", "fp32"}) == "bf16" ? ReduceDtype::kBf16 : ReduceDtype::kFp32;
+    }
+  }
+  if (auto v = root.find("tuned_on")) {
+    v->expect_object({"gpu", "torch", "profile"});
+    if (auto s = v->find("gpu")) r.tuned_on.gpu = s->get_optional_string();
+    if (auto s = v->find("torch")) r.tuned_on.torch = s->get_optional_string();
+    if (auto s = v->find("profile")) r.tuned_on.profile = s->get_optional_string();
+  }
+  if (auto v = root.find("predicted")) {
+    v->expect_object({"step_ms", "peak_gib", "samples_per_s"});
+    if (auto x = v->find("step_ms")) r.predicted.step_ms = x->get_optional_number(0.0);
+    if (auto x = v->find("peak_gib")) r.predicted.peak_gib = x->get_optional_number(0.0);
+    if (auto x = v->find("samples_per_s")) r.predicted.samples_per_s = x->get_optional_number(0.0);
+  }
+  if (auto v = root.find("rationale")) parse_rationale(*v, r.rationale);
+  return r;
+}
+
+Recipe read_recipe(const std::string& path) {
+  return parse_recipe(read_json_file(path), path);
+}
+
+nlohmann::json recipe_to_json(const Recipe& r) {
+  using nlohmann::json;
+  json groups = json::array();
+  for (const auto& g : r.groups)
+    groups.push_back({{"name", g.name}, {"modules", g.modules}, {"cuda_graph", g.cuda_graph}});
+  json rationale = json::array();
+  for (const auto& item : r.rationale) {
+    json numbers = json::object();
+    for (const auto& [name, value] : item.numbers) numbers[name] = value;
+    rationale.push_back({{"decision", item.decision}, {"reason", item.reason}, {"numbers", numbers}});
+  }
+  return {
+      {"schema", r.schema},
+      {"model", r.model},
+      {"batch", {{"micro_batch", r.batch.micro_batch}, {"grad_accum", r.batch.grad_accum}}},
+      {"data",
+       {{"num_images", r.data.num_images ? json(*r.data.num_images) : json(nullptr)},
+        {"trim_text", r.data.trim_text},
+        {"trim_multiple", r.data.trim_multiple}}},
+      {"model_options",
+       {{"skip_dead", r.model_options.skip_dead},
+        {"attention", to_string(r.model_options.attention)},
+        {"precision", to_string(r.model_options.precision)}}},
+      {"recompute", {{"modules", r.recompute.modules}}},
+      {"fp8", {{"scaling", to_string(r.fp8.scaling)}, {"modules", r.fp8.modules}}},
+      {"groups", groups},
+      {"distributed",
+       {{"world_size", r.distributed.world_size}, {"reduce_dtype", to_string(r.distributed.reduce_dtype)}}},
+      {"tuned_on",
+       {{"gpu", optional_to_json(r.tuned_on.gpu)},
+        {"torch", optional_to_json(r.tuned_on.torch)},
+        {"profile", optional_to_json(r.tuned_on.profile)}}},
+      {"predicted",
+       {{"step_ms", optional_to_json(r.predicted.step_ms)},
+        {"peak_gib", optional_to_json(r.predicted.peak_gib)},
+        {"samples_per_s", optional_to_json(r.predicted.samples_per_s)}}},
+      {"rationale", rationale},
+  };
+}
+
+void write_recipe(const Recipe& recipe, const std::string& path) {
+  const nlohmann::json j = recipe_to_json(recipe);
+  parse_recipe(j, path);  // refuse to write what could not be read back
+  write_file_atomic(path, dump_json_file(j));
+}
+
+std::string recipe_hash(const Recipe& recipe) {
+  Recipe canonical = recipe;
+  canonical.recompute.modules = sorted_unique(canonical.recompute.modules);
+  canonical.fp8.modules = sorted_unique(canonical.fp8.modules);
+  for (auto& g : canonical.groups) g.modules = sorted_unique(g.modules);
+  nlohmann::json j = recipe_to_json(canonical);
+  j.erase("tuned_on");
+  j.erase("predicted");
+  j.erase("rationale");
+  // nlohmann::json objects are std::map-backed, so dump() emits sorted keys: the text is canonical.
+  const std::string text = j.dump();
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64 offset basis
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 0x100000001b3ull;  // FNV-1a 64 prime
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
+}
+
+}  // namespace vlatune::formats

@@ -1,0 +1,125 @@
+// recipe.json: what `vlatune plan` emits and `vlatune train` obeys (DESIGN.md "The recipe"; every key, type,
+// default and unit is documented in recipes/README.md).
+//
+// Every key is optional and defaults to the value below; a default-constructed Recipe is the all-defaults recipe.
+// parse_recipe is strict: an unknown key anywhere, a wrong type, a bad enum value, a wrong schema string, a
+// non-positive size or a malformed module pattern is a FormatError naming the file and the JSON path:
+//   recipe.json: $.batch.micro_batch: expected an integer in 1..1048576, got 0
+//   recipe.json: $.fp8.modules[3]: '*' inside segment 'layers*' of pattern '...': only a whole segment '*' ...
+// Patterns are only checked for syntax here; whether they match modules is checked against the model with
+//   resolve_patterns(recipe.recompute.modules, module_fqns, file, "$.recompute.modules")
+// (likewise "$.fp8.modules" and "$.groups[g].modules"), so that error carries the same path.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace vlatune::formats {
+
+inline constexpr const char* kRecipeSchema = "vlatune.recipe/1";
+
+enum class Attention { kLean, kMaterialized };  // "lean" | "materialized"
+enum class Precision { kBf16, kFp32Master };    // "bf16" | "fp32-master"
+enum class Fp8Scaling { kTensorwise };          // "tensorwise"
+enum class ReduceDtype { kBf16, kFp32 };        // "bf16" | "fp32"
+
+const char* to_string(Attention v);
+const char* to_string(Precision v);
+const char* to_string(Fp8Scaling v);
+const char* to_string(ReduceDtype v);
+
+// One explained decision of the planner, e.g.
+//   {"decision": "recompute paligemma_with_expert.paligemma.model.language_model.layers.*.mlp",
+//    "reason": "cheapest memory: 0.8 ms per GiB saved; needed 11.2 GiB under the 120 GiB budget",
+//    "numbers": {"ms_per_gib_saved": 0.8, "saved_gib": 11.2}}
+// `decision` and `reason` are required non-empty strings; `numbers` (optional, default {}) maps names with units
+// in them to finite numbers, for reports to plot.
+struct Rationale {
+  std::string decision;
+  std::string reason;
+  std::map<std::string, double> numbers;
+};
+
+struct Recipe {
+  struct Batch {
+    int micro_batch = 32;  // samples per forward/backward on one GPU
+    int grad_accum = 1;    // micro-batches per optimizer step
+  };
+  struct Data {
+    std::optional<int> num_images;  // camera slots kept; nullopt = drop slots masked for the whole batch
+    bool trim_text = true;          // trim prompt padding (exact: identical loss)
+    int trim_multiple = 16;         // ... rounding the trimmed length up to a multiple of this (tokens)
+  };
+  struct ModelOptions {
+    bool skip_dead = true;  // skip computation whose result is unused (exact)
+    Attention attention = Attention::kLean;
+    Precision precision = Precision::kBf16;
+  };
+  struct Recompute {
+    std::vector<std::string> modules;  // FQN patterns
+  };
+  struct Fp8 {
+    Fp8Scaling scaling = Fp8Scaling::kTensorwise;
+    std::vector<std::string> modules;  // FQN patterns of Linear modules
+  };
+  struct Group {
+    std::string name;                  // required, unique, e.g. "vision", "layer.3", "heads.in"
+    std::vector<std::string> modules;  // required, non-empty: FQN patterns
+    bool cuda_graph = false;           // capture the group's forward/backward as a CUDA graph
+  };
+  struct Distributed {
+    int world_size = 1;
+    ReduceDtype reduce_dtype = ReduceDtype::kBf16;  // gradient all-reduce dtype
+  };
+  // Provenance and prediction: informational, excluded from recipe_hash.
+  struct TunedOn {
+    std::optional<std::string> gpu, torch, profile;
+  };
+  struct Predicted {
+    std::optional<double> step_ms, peak_gib, samples_per_s;  // finite, >= 0
+  };
+
+  std::string schema = kRecipeSchema;
+  std::string model = "pi05";  // the only model so far
+  Batch batch;
+  Data data;
+  ModelOptions model_options;
+  Recompute recompute;
+  Fp8 fp8;
+  std::vector<Group> groups;  // empty = the default grouping (one group per named unit)
+  Distributed distributed;
+  TunedOn tuned_on;
+  Predicted predicted;
+  std::vector<Rationale> rationale;
+};
+
+bool operator==(const Rationale& a, const Rationale& b);
+bool operator==(const Recipe& a, const Recipe& b);
+inline bool operator!=(const Recipe& a, const Recipe& b) {
+  return !(a == b);
+}
+
+// Validates and converts a parsed document; `file` only names the source in errors.
+Recipe parse_recipe(const nlohmann::json& j, const std::string& file);
+
+// Reads and validates a recipe file. Missing/unreadable file or invalid JSON -> FormatError naming the file (JSON
+// syntax errors give the byte offset, line and column).
+Recipe read_recipe(const std::string& path);
+
+// The canonical JSON form: every key present (defaults written out), keys sorted.
+nlohmann::json recipe_to_json(const Recipe& recipe);
+
+// Validates (as parse_recipe would, so a written recipe always reads back) and writes atomically.
+void write_recipe(const Recipe& recipe, const std::string& path);
+
+// A stable identity of what a recipe makes the trainer do: FNV-1a 64 of the compact canonical JSON without
+// tuned_on, predicted and rationale, as 16 lowercase hex digits. The pattern lists of recompute, fp8 and of each
+// group are sorted and deduplicated first (their order does not change the selection); group order is kept.
+// run.json stores it so `vlatune check` can refuse to compare runs of different recipes.
+std::string recipe_hash(const Recipe& recipe);
+
+}  // namespace vlatune::formats

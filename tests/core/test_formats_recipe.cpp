@@ -1,0 +1,277 @@
+// recipe.json reader/writer: defaults, round trip, strict validation with file + JSON path, hash stability.
+#include <catch2/catch.hpp>
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+
+#include "formats/json_error.h"
+#include "formats/recipe.h"
+
+using namespace vlatune::formats;
+using nlohmann::json;
+
+namespace {
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "vlatune_recipe_XXXXXX").string();
+    path = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string file(const std::string& name) const { return path + "/" + name; }
+};
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+
+Recipe full_recipe() {
+  Recipe r;
+  r.batch.micro_batch = 64;
+  r.batch.grad_accum = 2;
+  r.data.num_images = 2;
+  r.data.trim_text = false;
+  r.data.trim_multiple = 8;
+  r.model_options.skip_dead = false;
+  r.model_options.attention = Attention::kMaterialized;
+  r.model_options.precision = Precision::kFp32Master;
+  r.recompute.modules = {"paligemma_with_expert.paligemma.model.language_model.layers.*.mlp"};
+  r.fp8.modules = {"paligemma_with_expert.gemma_expert.model.layers.*.mlp.gate_proj", "action_out_proj"};
+  r.groups = {{"vision", {"paligemma_with_expert.paligemma.model.vision_tower"}, true},
+              {"layer.0", {"a.layers.0", "b.layers.0"}, false}};
+  r.distributed.world_size = 8;
+  r.distributed.reduce_dtype = ReduceDtype::kFp32;
+  r.tuned_on.gpu = "NVIDIA H200";
+  r.tuned_on.torch = "2.11.0+cu130";
+  r.tuned_on.profile = "runs/p/profile.json";
+  r.predicted.step_ms = 812.25;
+  r.predicted.peak_gib = 101.5;
+  r.predicted.samples_per_s = 0.1 + 0.2;  // not exactly representable: the text form must still round-trip
+  r.rationale = {
+      {"recompute the prefix MLPs", "0.8 ms per GiB saved", {{"ms_per_gib_saved", 0.8}, {"saved_gib", 11.2}}},
+      {"micro_batch 64", "fits with 18 GiB to spare", {}}};
+  return r;
+}
+
+// The FormatError of parsing `text` as "recipe.json", or a failure if it parses.
+FormatError error_of(const std::string& text) {
+  try {
+    parse_recipe(json::parse(text), "recipe.json");
+  } catch (const FormatError& e) {
+    return e;
+  }
+  FAIL("accepted: " << text);
+  throw;  // unreachable
+}
+
+}  // namespace
+
+TEST_CASE("An empty recipe object gives every default of DESIGN.md", "[formats][recipe]") {
+  const Recipe r = parse_recipe(json::object(), "recipe.json");
+  CHECK(r == Recipe{});
+  CHECK(r.schema == "vlatune.recipe/1");
+  CHECK(r.model == "pi05");
+  CHECK(r.batch.micro_batch == 32);
+  CHECK(r.batch.grad_accum == 1);
+  CHECK_FALSE(r.data.num_images.has_value());
+  CHECK(r.data.trim_text);
+  CHECK(r.data.trim_multiple == 16);
+  CHECK(r.model_options.skip_dead);
+  CHECK(r.model_options.attention == Attention::kLean);
+  CHECK(r.model_options.precision == Precision::kBf16);
+  CHECK(r.recompute.modules.empty());
+  CHECK(r.fp8.scaling == Fp8Scaling::kTensorwise);
+  CHECK(r.fp8.modules.empty());
+  CHECK(r.groups.empty());
+  CHECK(r.distributed.world_size == 1);
+  CHECK(r.distributed.reduce_dtype == ReduceDtype::kBf16);
+  CHECK_FALSE(r.tuned_on.gpu.has_value());
+  CHECK_FALSE(r.predicted.step_ms.has_value());
+  CHECK(r.rationale.empty());
+}
+
+TEST_CASE("The canonical JSON of the default recipe is DESIGN.md's schema block", "[formats][recipe]") {
+  const json expected = json::parse(R"({ "schema": "vlatune.recipe/1", "model": "pi05",
+    "batch": {"micro_batch": 32, "grad_accum": 1},
+    "data": {"num_images": null, "trim_text": true, "trim_multiple": 16},
+    "model_options": {"skip_dead": true, "attention": "lean", "precision": "bf16"},
+    "recompute": {"modules": []},
+    "fp8": {"scaling": "tensorwise", "modules": []},
+    "groups": [],
+    "distributed": {"world_size": 1, "reduce_dtype": "bf16"},
+    "tuned_on": {"gpu": null, "torch": null, "profile": null},
+    "predicted": {"step_ms": null, "peak_gib": null, "samples_per_s": null},
+    "rationale": [] })");
+  CHECK(recipe_to_json(Recipe{}) == expected);
+}
+
+TEST_CASE("A recipe with every key set round-trips through a file", "[formats][recipe]") {
+  TempDir dir;
+  const std::string path = dir.file("recipe.json");
+  const Recipe r = full_recipe();
+  write_recipe(r, path);
+  const Recipe back = read_recipe(path);
+  CHECK(back == r);
+  CHECK(recipe_to_json(back) == recipe_to_json(r));
+  CHECK(recipe_hash(back) == recipe_hash(r));
+}
+
+TEST_CASE("A partial recipe keeps the defaults of the keys it leaves out", "[formats][recipe]") {
+  const Recipe r = parse_recipe(json::parse(R"({"batch": {"grad_accum": 4}, "data": {"num_images": 1}})"), "r.json");
+  CHECK(r.batch.micro_batch == 32);
+  CHECK(r.batch.grad_accum == 4);
+  CHECK(r.data.num_images == 1);
+  CHECK(r.data.trim_multiple == 16);
+}
+
+TEST_CASE("Unknown recipe keys are rejected at their path, at every level", "[formats][recipe]") {
+  CHECK(error_of(R"({"micro_batch": 3})").json_path() == "$.micro_batch");
+  CHECK(error_of(R"({"batch": {"micro_bach": 3}})").json_path() == "$.batch.micro_bach");
+  CHECK(error_of(R"({"groups": [{"name": "g", "modules": ["a"], "cuda_graphs": true}]})").json_path() ==
+        "$.groups[0].cuda_graphs");
+  CHECK(error_of(R"({"rationale": [{"decision": "d", "reason": "r", "why": "x"}]})").json_path() ==
+        "$.rationale[0].why");
+  CHECK(error_of(R"({"tuned_on": {"gpu": null, "host": "x"}})").json_path() == "$.tuned_on.host");
+  CHECK_THAT(error_of(R"({"batch": {"micro_bach": 3}})").what(),
+             Catch::Contains("recipe.json: $.batch.micro_bach: unknown key") &&
+                 Catch::Contains("did you mean 'micro_batch'?"));
+}
+
+TEST_CASE("Wrong recipe value types are rejected with what was expected", "[formats][recipe]") {
+  struct Case {
+    const char* text;
+    const char* path;
+    const char* expected;
+  };
+  const Case cases[] = {
+      {R"([])", "$", "expected an object, got an array"},
+      {R"({"batch": 32})", "$.batch", "expected an object, got 32"},
+      {R"({"batch": {"micro_batch": "32"}})", "$.batch.micro_batch", "got string \"32\""},
+      {R"({"batch": {"micro_batch": 32.0}})", "$.batch.micro_batch", "expected an integer in 1..1048576"},
+      {R"({"data": {"trim_text": 1}})", "$.data.trim_text", "expected true or false, got 1"},
+      {R"({"data": {"num_images": "all"}})", "$.data.num_images", "or null, got string \"all\""},
+      {R"({"recompute": {"modules": "a.b"}})", "$.recompute.modules", "expected an array"},
+      {R"({"fp8": {"modules": ["a", "b", "c", 7]}})", "$.fp8.modules[3]", "expected a module pattern (string), got 7"},
+      {R"({"groups": {}})", "$.groups", "expected an array"},
+      {R"({"tuned_on": {"gpu": 3}})", "$.tuned_on.gpu", "expected a string or null, got 3"},
+      {R"({"predicted": {"step_ms": "fast"}})", "$.predicted.step_ms", "expected a finite number >= 0 or null"},
+      {R"({"rationale": ["because"]})", "$.rationale[0]", "expected an object"},
+      {R"({"rationale": [{"decision": "d", "reason": "r", "numbers": {"x_ms": "1"}}]})", "$.rationale[0].numbers.x_ms",
+       "expected a finite number"},
+      {R"({"rationale": [{"decision": "d", "reason": "r", "numbers": [1]}]})", "$.rationale[0].numbers",
+       "expected an object of numbers"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.text);
+    const FormatError e = error_of(c.text);
+    CHECK(e.file() == "recipe.json");
+    CHECK(e.json_path() == c.path);
+    CHECK_THAT(e.reason(), Catch::Contains(c.expected));
+    CHECK_THAT(e.what(), Catch::StartsWith(std::string("recipe.json: ") + c.path + ": "));
+  }
+}
+
+TEST_CASE("Bad recipe enum values list the allowed ones", "[formats][recipe]") {
+  CHECK_THAT(error_of(R"({"model_options": {"attention": "fast"}})").what(),
+             Catch::Equals("recipe.json: $.model_options.attention: expected one of \"lean\", \"materialized\", got "
+                           "string \"fast\""));
+  CHECK(error_of(R"({"model_options": {"precision": "fp32"}})").json_path() == "$.model_options.precision");
+  CHECK(error_of(R"({"fp8": {"scaling": "rowwise"}})").json_path() == "$.fp8.scaling");
+  CHECK(error_of(R"({"distributed": {"reduce_dtype": "fp16"}})").json_path() == "$.distributed.reduce_dtype");
+  CHECK(error_of(R"({"model": "pi0"})").json_path() == "$.model");
+}
+
+TEST_CASE("A recipe of another schema version is rejected", "[formats][recipe]") {
+  const FormatError e = error_of(R"({"schema": "vlatune.recipe/2"})");
+  CHECK(e.json_path() == "$.schema");
+  CHECK_THAT(e.reason(), Catch::Contains("expected \"vlatune.recipe/1\", got string \"vlatune.recipe/2\""));
+  CHECK(error_of(R"({"schema": 1})").json_path() == "$.schema");
+}
+
+TEST_CASE("Non-positive recipe sizes are rejected", "[formats][recipe]") {
+  for (const char* text : {R"({"batch": {"micro_batch": 0}})", R"({"batch": {"grad_accum": -1}})",
+                           R"({"data": {"num_images": 0}})", R"({"data": {"trim_multiple": 0}})",
+                           R"({"distributed": {"world_size": 0}})", R"({"batch": {"micro_batch": 99999999999}})"}) {
+    INFO(text);
+    CHECK_THAT(error_of(text).reason(), Catch::StartsWith("expected an integer in 1..1048576"));
+  }
+  CHECK(error_of(R"({"predicted": {"peak_gib": -1}})").json_path() == "$.predicted.peak_gib");
+}
+
+TEST_CASE("Malformed recipe patterns are rejected at their index", "[formats][recipe]") {
+  CHECK(error_of(R"({"recompute": {"modules": ["a.b", "a..b"]}})").json_path() == "$.recompute.modules[1]");
+  CHECK(error_of(R"({"fp8": {"modules": ["a", "b", "c", "layers.1*"]}})").json_path() == "$.fp8.modules[3]");
+  CHECK(error_of(R"({"groups": [{"name": "g", "modules": ["x", " y"]}]})").json_path() == "$.groups[0].modules[1]");
+}
+
+TEST_CASE("Recipe groups need a unique name and at least one module", "[formats][recipe]") {
+  CHECK(error_of(R"({"groups": [{"modules": ["a"]}]})").json_path() == "$.groups[0].name");
+  CHECK(error_of(R"({"groups": [{"name": "", "modules": ["a"]}]})").json_path() == "$.groups[0].name");
+  CHECK(error_of(R"({"groups": [{"name": "g"}]})").json_path() == "$.groups[0].modules");
+  CHECK(error_of(R"({"groups": [{"name": "g", "modules": []}]})").json_path() == "$.groups[0].modules");
+  const FormatError dup = error_of(R"({"groups": [{"name": "g", "modules": ["a"]}, {"name": "g", "modules": ["b"]}]})");
+  CHECK(dup.json_path() == "$.groups[1].name");
+  CHECK_THAT(dup.reason(), Catch::Contains("duplicate group name 'g'") && Catch::Contains("$.groups[0].name"));
+}
+
+TEST_CASE("Reading a recipe names the file for missing files, bad JSON and bad values", "[formats][recipe]") {
+  TempDir dir;
+  CHECK_THROWS_WITH(read_recipe(dir.file("missing.json")), Catch::Contains("missing.json: cannot read"));
+  const std::string bad = dir.file("bad.json");
+  write_text(bad, "{\"batch\": {\"micro_batch\": 32,}}");
+  CHECK_THROWS_WITH(read_recipe(bad), Catch::StartsWith(bad + ": not valid JSON: at byte 30"));
+  const std::string dup = dir.file("dup.json");
+  write_text(dup, R"({"batch": {"micro_batch": 32, "micro_batch": 64}})");
+  CHECK_THROWS_WITH(read_recipe(dup), Catch::StartsWith(dup + ": $.batch.micro_batch: duplicate key"));
+  const std::string wrong = dir.file("wrong.json");
+  write_text(wrong, R"({"fp8": {"modules": ["a", "b", "c", 3]}})");
+  CHECK_THROWS_WITH(read_recipe(wrong), Catch::StartsWith(wrong + ": $.fp8.modules[3]: "));
+}
+
+TEST_CASE("Writing an invalid recipe is refused and leaves no file", "[formats][recipe]") {
+  TempDir dir;
+  Recipe r;
+  r.batch.micro_batch = 0;
+  const std::string path = dir.file("r.json");
+  CHECK_THROWS_WITH(write_recipe(r, path), Catch::StartsWith(path + ": $.batch.micro_batch: "));
+  CHECK_FALSE(std::filesystem::exists(path));
+  Recipe nan_prediction;
+  nan_prediction.predicted.step_ms = std::numeric_limits<double>::quiet_NaN();
+  CHECK_THROWS_WITH(write_recipe(nan_prediction, path), Catch::Contains("$.predicted.step_ms"));
+}
+
+TEST_CASE("The recipe hash ignores provenance, prediction, rationale and pattern order", "[formats][recipe]") {
+  const Recipe base = full_recipe();
+  const std::string h = recipe_hash(base);
+  CHECK(h.size() == 16);
+  CHECK(h.find_first_not_of("0123456789abcdef") == std::string::npos);
+
+  Recipe explained = base;
+  explained.tuned_on = {};
+  explained.predicted.step_ms = 1.0;
+  explained.rationale.clear();
+  CHECK(recipe_hash(explained) == h);
+
+  Recipe reordered = base;
+  std::swap(reordered.fp8.modules[0], reordered.fp8.modules[1]);
+  reordered.fp8.modules.push_back(reordered.fp8.modules[0]);
+  CHECK(recipe_hash(reordered) == h);
+
+  Recipe other = base;
+  other.batch.grad_accum = 3;
+  CHECK(recipe_hash(other) != h);
+  Recipe regrouped = base;
+  std::swap(regrouped.groups[0], regrouped.groups[1]);
+  CHECK(recipe_hash(regrouped) != h);
+}
+
+TEST_CASE("The hash of the default recipe is pinned", "[formats][recipe]") {
+  // If this changes, every stored run.json stops matching its recipe: bump the schema instead.
+  CHECK(recipe_hash(Recipe{}) == recipe_hash(parse_recipe(json::object(), "r.json")));
+  CHECK(recipe_hash(Recipe{}) == "35a46b964672f4d0");
+}
