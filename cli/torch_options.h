@@ -1,0 +1,16 @@
+// Flag values shared by the torch verbs (device, dtype), turned into torch types with errors that name the flag.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+
+namespace vlatune::cli {
+
+// "auto" (CUDA when a GPU is visible, else CPU), "cpu" or "cuda". "cuda" without a GPU: BadInput.
+torch::Device parse_device(const std::string& flag, const std::string& value);
+
+// "fp32" | "bf16" | "fp64".
+torch::Dtype parse_dtype(const std::string& flag, const std::string& value);
+
+}  // namespace vlatune::cli

@@ -1,0 +1,183 @@
+#include "model/gemma.h"
+
+#include "model/recompute.h"
+#include "profiler/scope.h"
+
+namespace vlatune::model {
+
+namespace {
+constexpr double kRmsEps = 1e-6;
+constexpr double kRopeBase = 10000.0;
+
+std::vector<torch::Tensor> concat(std::vector<torch::Tensor> a, const std::vector<torch::Tensor>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+}  // namespace
+
+GemmaAttentionImpl::GemmaAttentionImpl(const GemmaConfig& cfg, torch::TensorOptions options)
+    : heads(cfg.heads), kv_heads(cfg.kv_heads), head_dim(cfg.head_dim) {
+  q_proj = register_module("q_proj", Linear(cfg.width, cfg.heads * cfg.head_dim, false, options));
+  k_proj = register_module("k_proj", Linear(cfg.width, cfg.kv_heads * cfg.head_dim, false, options));
+  v_proj = register_module("v_proj", Linear(cfg.width, cfg.kv_heads * cfg.head_dim, false, options));
+  o_proj = register_module("o_proj", Linear(cfg.heads * cfg.head_dim, cfg.width, false, options));
+}
+
+GemmaMLPImpl::GemmaMLPImpl(const GemmaConfig& cfg, torch::TensorOptions options) {
+  gate_proj = register_module("gate_proj", Linear(cfg.width, cfg.mlp, false, options));
+  up_proj = register_module("up_proj", Linear(cfg.width, cfg.mlp, false, options));
+  down_proj = register_module("down_proj", Linear(cfg.mlp, cfg.width, false, options));
+}
+
+torch::Tensor GemmaMLPImpl::forward(const torch::Tensor& x) {
+  profiler::Scope scope(fqn());
+  return down_proj(gelu_tanh(gate_proj(x)) * up_proj(x));
+}
+
+GemmaDecoderLayerImpl::GemmaDecoderLayerImpl(const GemmaConfig& cfg, bool adaptive, int64_t cond_dim,
+                                             torch::TensorOptions options) {
+  self_attn = register_module("self_attn", GemmaAttention(cfg, options));
+  mlp = register_module("mlp", GemmaMLP(cfg, options));
+  if (adaptive) {
+    input_ada = register_module("input_layernorm", AdaRMSNorm(cfg.width, cond_dim, kRmsEps, options));
+    post_attention_ada = register_module("post_attention_layernorm", AdaRMSNorm(cfg.width, cond_dim, kRmsEps, options));
+  } else {
+    input_rms = register_module("input_layernorm", RMSNorm(cfg.width, kRmsEps, options));
+    post_attention_rms = register_module("post_attention_layernorm", RMSNorm(cfg.width, kRmsEps, options));
+  }
+}
+
+NormOutput GemmaDecoderLayerImpl::pre_attention_norm(const torch::Tensor& x, const torch::Tensor& cond) {
+  if (input_ada) {
+    auto out = input_ada->forward(x, cond);
+    return {out.y, out.gate};
+  }
+  return {input_rms(x), torch::Tensor()};
+}
+
+NormOutput GemmaDecoderLayerImpl::pre_ffn_norm(const torch::Tensor& x, const torch::Tensor& cond) {
+  if (post_attention_ada) {
+    auto out = post_attention_ada->forward(x, cond);
+    return {out.y, out.gate};
+  }
+  return {post_attention_rms(x), torch::Tensor()};
+}
+
+GemmaModelImpl::GemmaModelImpl(const GemmaConfig& cfg, bool adaptive, int64_t cond_dim, torch::TensorOptions options) {
+  if (cfg.vocab > 0) embed_tokens = register_module("embed_tokens", Embedding(cfg.vocab, cfg.width, options));
+  layers_list = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < cfg.depth; ++i) {
+    layers.push_back(GemmaDecoderLayer(cfg, adaptive, cond_dim, options));
+    layers_list->push_back(layers.back());
+  }
+  if (adaptive) {
+    norm_ada = register_module("norm", AdaRMSNorm(cfg.width, cond_dim, kRmsEps, options));
+  } else {
+    norm_rms = register_module("norm", RMSNorm(cfg.width, kRmsEps, options));
+  }
+}
+
+NormOutput GemmaModelImpl::final_norm(const torch::Tensor& x, const torch::Tensor& cond) {
+  if (norm_ada) {
+    auto out = norm_ada->forward(x, cond);
+    return {out.y, out.gate};
+  }
+  return {norm_rms(x), torch::Tensor()};
+}
+
+std::pair<torch::Tensor, torch::Tensor> rope_tables(const torch::Tensor& positions, int64_t head_dim,
+                                                    c10::ScalarType math) {
+  const int64_t half = head_dim / 2;
+  auto options = torch::TensorOptions().dtype(math).device(positions.device());
+  auto inv_timescale = torch::pow(kRopeBase, torch::arange(half, options) * (2.0 / head_dim)).reciprocal();
+  auto angles = (positions.to(math).unsqueeze(-1) * inv_timescale).unsqueeze(1);  // [B, 1, N, half]
+  return {angles.cos(), angles.sin()};
+}
+
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  auto xf = x.to(cos.scalar_type());
+  auto u = xf.narrow(-1, 0, half), v = xf.narrow(-1, half, half);
+  return at::cat({u * cos - v * sin, v * cos + u * sin}, -1).to(x.scalar_type());
+}
+
+std::vector<torch::Tensor> joint_attention(GemmaDecoderLayerImpl& prefix, GemmaDecoderLayerImpl& expert,
+                                           const torch::Tensor& xp, const torch::Tensor& xs, const JointInputs& in,
+                                           bool skip_prefix) {
+  // The joint attention core is attributed to the backbone's self_attn; each projection opens its own scope.
+  profiler::Scope scope(prefix.self_attn->fqn());
+  GemmaAttentionImpl& ap = *prefix.self_attn;
+  GemmaAttentionImpl& ae = *expert.self_attn;
+  const int64_t batch = xs.size(0), p = xp.size(1), s = xs.size(1);
+  const int64_t heads = ap.heads, kv_heads = ap.kv_heads, d = ap.head_dim;
+  auto split = [&](const torch::Tensor& y, int64_t t, int64_t h) {  // [B, T, h*d] -> [B, h, T, d]
+    return y.view({batch, t, h, d}).transpose(1, 2);
+  };
+  // Concatenate along the sequence, prefix first (spec §3 step 3), then RoPE on the joint positions.
+  auto k =
+      apply_rope(at::cat({split(ap.k_proj(xp), p, kv_heads), split(ae.k_proj(xs), s, kv_heads)}, 2), in.cos, in.sin);
+  auto v = at::cat({split(ap.v_proj(xp), p, kv_heads), split(ae.v_proj(xs), s, kv_heads)}, 2);
+  if (skip_prefix) {
+    auto q = apply_rope(split(ae.q_proj(xs), s, heads), in.cos.narrow(2, p, s), in.sin.narrow(2, p, s));
+    auto o = attention_core(q, k, v, in.mask.narrow(2, p, s), in.attention);
+    return {ae.o_proj(o.transpose(1, 2).reshape({batch, s, heads * d}))};
+  }
+  auto q = apply_rope(at::cat({split(ap.q_proj(xp), p, heads), split(ae.q_proj(xs), s, heads)}, 2), in.cos, in.sin);
+  auto o = attention_core(q, k, v, in.mask, in.attention).transpose(1, 2).reshape({batch, p + s, heads * d});
+  return {ap.o_proj(o.narrow(1, 0, p)), ae.o_proj(o.narrow(1, p, s))};
+}
+
+std::vector<torch::Tensor> joint_layer(GemmaDecoderLayerImpl& prefix, GemmaDecoderLayerImpl& expert,
+                                       const torch::Tensor& hp, const torch::Tensor& hs, const JointInputs& in,
+                                       const JointLayerOptions& options) {
+  // The joint layer opens the backbone layer's scope; the expert-only part below opens the expert layer's.
+  profiler::Scope scope(prefix.fqn());
+  const bool skip = options.skip_prefix;
+  auto np = prefix.pre_attention_norm(hp, torch::Tensor());
+  auto ns = expert.pre_attention_norm(hs, in.cond);
+
+  std::vector<torch::Tensor> attn;
+  if (options.recompute_attention) {
+    GemmaDecoderLayerImpl* pp = &prefix;
+    GemmaDecoderLayerImpl* pe = &expert;
+    const Attention mode = in.attention;
+    attn = recompute(
+        [pp, pe, mode, skip](const std::vector<torch::Tensor>& x) {
+          JointInputs j;
+          j.cos = x[2];
+          j.sin = x[3];
+          j.mask = x[4];
+          j.attention = mode;
+          return joint_attention(*pp, *pe, x[0], x[1], j, skip);
+        },
+        {np.y, ns.y, in.cos, in.sin, in.mask}, concat(prefix.self_attn->parameters(), expert.self_attn->parameters()));
+  } else {
+    attn = joint_attention(prefix, expert, np.y, ns.y, in, skip);
+  }
+
+  auto run_mlp = [](GemmaMLPImpl& mlp, const torch::Tensor& x, bool checkpointed) {
+    if (!checkpointed) return mlp.forward(x);
+    GemmaMLPImpl* m = &mlp;
+    return recompute(
+        [m](const std::vector<torch::Tensor>& in) { return std::vector<torch::Tensor>{m->forward(in[0])}; }, {x},
+        mlp.parameters())[0];
+  };
+
+  // Expert: gated residuals (raw gate, not 1 + gate), attributed to the expert layer's scope.
+  torch::Tensor hs_out;
+  {
+    profiler::Scope expert_scope(expert.fqn());
+    hs_out = hs + ns.gate * attn.back();
+    auto ns2 = expert.pre_ffn_norm(hs_out, in.cond);
+    hs_out = hs_out + ns2.gate * run_mlp(*expert.mlp, ns2.y, options.recompute_expert_mlp);
+  }
+  if (skip) return {hs_out};
+
+  // Prefix: plain residuals.
+  auto hp_out = hp + attn[0];
+  auto np2 = prefix.pre_ffn_norm(hp_out, torch::Tensor());
+  hp_out = hp_out + run_mlp(*prefix.mlp, np2.y, options.recompute_prefix_mlp);
+  return {hp_out, hs_out};
+}
+
+}  // namespace vlatune::model

@@ -1,0 +1,97 @@
+// Gemma weight sets and the joint layer (spec §3). The backbone ("language_model") and the action expert
+// ("gemma_expert.model") are separate GemmaModel modules with openpi names; a *joint* layer i runs both
+// branches together: per-branch norms and Q/K/V, one attention over [prefix; suffix], per-branch o_proj,
+// residuals and GeGLU MLPs. Prefix norms are RMSNorm (1 + w); expert norms are adaRMS with gated residuals.
+#pragma once
+
+#include <vector>
+
+#include "model/config.h"
+#include "model/layers.h"
+
+namespace vlatune::model {
+
+// q/k/v/o without bias; q: width -> heads*head_dim, k/v: width -> kv_heads*head_dim, o: heads*head_dim -> width.
+class GemmaAttentionImpl : public ScopedModule {
+ public:
+  GemmaAttentionImpl(const GemmaConfig& cfg, torch::TensorOptions options);
+  Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  int64_t heads, kv_heads, head_dim;
+};
+TORCH_MODULE(GemmaAttention);
+
+// GeGLU: down(gelu_tanh(gate(x)) * up(x)), no biases.
+class GemmaMLPImpl : public ScopedModule {
+ public:
+  GemmaMLPImpl(const GemmaConfig& cfg, torch::TensorOptions options);
+  torch::Tensor forward(const torch::Tensor& x);
+  Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(GemmaMLP);
+
+// Norm output of one branch: y and, for adaRMS, the residual gate ([B, 1, width]); undefined for RMSNorm.
+struct NormOutput {
+  torch::Tensor y, gate;
+};
+
+// One branch's layer weights. `adaptive`: the expert (adaRMS norms conditioned on a cond_dim vector).
+class GemmaDecoderLayerImpl : public ScopedModule {
+ public:
+  GemmaDecoderLayerImpl(const GemmaConfig& cfg, bool adaptive, int64_t cond_dim, torch::TensorOptions options);
+  NormOutput pre_attention_norm(const torch::Tensor& x, const torch::Tensor& cond);
+  NormOutput pre_ffn_norm(const torch::Tensor& x, const torch::Tensor& cond);
+  GemmaAttention self_attn{nullptr};
+  GemmaMLP mlp{nullptr};
+  // "input_layernorm" / "post_attention_layernorm" (both are *pre*-norms: before attention, before the MLP).
+  RMSNorm input_rms{nullptr}, post_attention_rms{nullptr};     // prefix
+  AdaRMSNorm input_ada{nullptr}, post_attention_ada{nullptr};  // expert
+};
+TORCH_MODULE(GemmaDecoderLayer);
+
+// "language_model" (with embed_tokens) or the expert's "model" (vocab 0: no embed_tokens).
+class GemmaModelImpl : public ScopedModule {
+ public:
+  GemmaModelImpl(const GemmaConfig& cfg, bool adaptive, int64_t cond_dim, torch::TensorOptions options);
+  NormOutput final_norm(const torch::Tensor& x, const torch::Tensor& cond);
+  Embedding embed_tokens{nullptr};             // null for the expert
+  torch::nn::ModuleList layers_list{nullptr};  // registered as "layers"
+  std::vector<GemmaDecoderLayer> layers;
+  RMSNorm norm_rms{nullptr};     // "norm" (prefix)
+  AdaRMSNorm norm_ada{nullptr};  // "norm" (expert)
+};
+TORCH_MODULE(GemmaModel);
+
+// Inputs shared by every joint layer of one forward.
+struct JointInputs {
+  torch::Tensor cond;      // [B, cond_dim], compute dtype: the time condition c
+  torch::Tensor cos, sin;  // [B, 1, N, head_dim/2], math dtype: RoPE of positions cumsum(valid) - 1
+  torch::Tensor mask;      // [B, 1, N, N] bool: query i may attend key j
+  Attention attention = Attention::kLean;
+};
+
+// RoPE tables for positions [B, N]: theta_i = pos / 10000^(2i/head_dim), i < head_dim/2, in `math`.
+std::pair<torch::Tensor, torch::Tensor> rope_tables(const torch::Tensor& positions, int64_t head_dim,
+                                                    c10::ScalarType math);
+// Half-split rotation of x [B, H, T, D] by tables [B, 1, T, D/2], in the tables' dtype, cast back to x's.
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
+// Joint attention block of one layer (the "self_attn" unit): norm outputs -> o_proj outputs. xp [B, P, Wp],
+// xs [B, S, Ws]. Returns {attn_p [B, P, Wp], attn_s [B, S, Ws]}; with skip_prefix only {attn_s}: prefix
+// queries, their attention rows and the prefix o_proj are skipped (the prefix K/V are still computed).
+std::vector<torch::Tensor> joint_attention(GemmaDecoderLayerImpl& prefix, GemmaDecoderLayerImpl& expert,
+                                           const torch::Tensor& xp, const torch::Tensor& xs, const JointInputs& in,
+                                           bool skip_prefix);
+
+struct JointLayerOptions {
+  bool skip_prefix = false;  // last layer, skip_dead: only what reaches the suffix
+  bool recompute_attention = false;
+  bool recompute_prefix_mlp = false;
+  bool recompute_expert_mlp = false;
+};
+
+// One joint layer: (hp, hs) -> {hp', hs'}; with skip_prefix -> {hs'} (hp only feeds the prefix K/V).
+std::vector<torch::Tensor> joint_layer(GemmaDecoderLayerImpl& prefix, GemmaDecoderLayerImpl& expert,
+                                       const torch::Tensor& hp, const torch::Tensor& hs, const JointInputs& in,
+                                       const JointLayerOptions& options);
+
+}  // namespace vlatune::model

@@ -1,0 +1,105 @@
+// The model's own small modules. Every forward opens a profiler scope named by the module's openpi FQN
+// (ScopedModule::fqn(), assigned once after construction by assign_fqns()), so profiles attribute GPU work to
+// modules. Precision rule shared by all of them: activations run in the input's dtype (the "compute dtype");
+// a Linear/conv casts its weight to that dtype when they differ (fp32-master: fp32 params, bf16 compute);
+// statistics (RMS, softmax, RoPE) run in math_dtype(): fp32, or fp64 when the activations are fp64.
+#pragma once
+
+#include <string>
+
+#include <torch/torch.h>
+
+#include "model/config.h"
+
+namespace vlatune::model {
+
+// fp64 stays fp64 (exactness tests); every other dtype does its statistics in fp32.
+c10::ScalarType math_dtype(c10::ScalarType compute);
+
+// A torch module that knows its fully qualified name (openpi state-dict prefix).
+class ScopedModule : public torch::nn::Module {
+ public:
+  const std::string& fqn() const { return fqn_; }
+  void set_fqn(std::string fqn) { fqn_ = std::move(fqn); }
+
+ private:
+  std::string fqn_;
+};
+
+// Gives every ScopedModule below `root` its dotted name relative to root (root itself keeps its own).
+void assign_fqns(torch::nn::Module& root);
+
+// y = x W^T (+ b). Weight [out, in] as nn.Linear; cast to the input's dtype when they differ.
+class LinearImpl : public ScopedModule {
+ public:
+  LinearImpl(int64_t in, int64_t out, bool bias, torch::TensorOptions options);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight, bias;  // bias undefined when built without one
+};
+TORCH_MODULE(Linear);
+
+// LayerNorm over the last dim (SigLIP, eps 1e-6). Statistics accumulate in fp32 inside ATen for bf16 inputs.
+class LayerNormImpl : public ScopedModule {
+ public:
+  LayerNormImpl(int64_t dim, double eps, torch::TensorOptions options);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight, bias;
+  double eps;
+};
+TORCH_MODULE(LayerNorm);
+
+// Gemma RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + w), computed in math_dtype, cast back (spec §3 step 1).
+class RMSNormImpl : public ScopedModule {
+ public:
+  RMSNormImpl(int64_t dim, double eps, torch::TensorOptions options);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+  double eps;
+};
+TORCH_MODULE(RMSNorm);
+
+// Adaptive RMSNorm of the action expert (spec §4.3): [scale, shift, gate] = dense(cond) (dense: cond_dim ->
+// 3*dim, with bias), y = rms(x) * (1 + scale) + shift in math_dtype, cast back; gate (compute dtype) drives
+// the gated residual. No learned scale vector.
+class AdaRMSNormImpl : public ScopedModule {
+ public:
+  AdaRMSNormImpl(int64_t dim, int64_t cond_dim, double eps, torch::TensorOptions options);
+  struct Output {
+    torch::Tensor y;     // [B, T, dim]
+    torch::Tensor gate;  // [B, 1, dim]
+  };
+  // cond [B, cond_dim], already in the compute dtype.
+  Output forward(const torch::Tensor& x, const torch::Tensor& cond);
+  Linear dense{nullptr};
+  double eps;
+};
+TORCH_MODULE(AdaRMSNorm);
+
+class EmbeddingImpl : public ScopedModule {
+ public:
+  EmbeddingImpl(int64_t num, int64_t dim, torch::TensorOptions options);
+  torch::Tensor forward(const torch::Tensor& ids);
+  torch::Tensor weight;  // [num, dim]
+};
+TORCH_MODULE(Embedding);
+
+// Non-overlapping patchify conv (kernel = stride = patch, no padding), with bias: weight [out, in, p, p].
+class PatchConvImpl : public ScopedModule {
+ public:
+  PatchConvImpl(int64_t in, int64_t out, int64_t patch, torch::TensorOptions options);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight, bias;
+  int64_t patch;
+};
+TORCH_MODULE(PatchConv);
+
+// gelu with the tanh approximation (flax nn.gelu default, HF gelu_pytorch_tanh).
+torch::Tensor gelu_tanh(const torch::Tensor& x);
+
+// Scaled dot-product attention, scale head_dim^-0.5. q [B, Hq, Tq, D]; k, v [B, Hkv, Tk, D] with Hq a multiple
+// of Hkv (every group of Hq/Hkv query heads shares one K/V head); mask: bool, broadcastable to [B, 1, Tq, Tk],
+// true = may attend, undefined = no mask. Every query row must allow at least one key.
+torch::Tensor attention_core(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                             const torch::Tensor& mask, Attention mode);
+
+}  // namespace vlatune::model

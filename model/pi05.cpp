@@ -1,0 +1,385 @@
+#include "model/pi05.h"
+
+#include <cmath>
+#include <map>
+#include <stdexcept>
+
+#include "model/recompute.h"
+#include "profiler/scope.h"
+
+namespace vlatune::model {
+
+namespace {
+
+const std::string kVisionTowerFqn = "paligemma_with_expert.paligemma.model.vision_tower";
+const std::string kVisionLayerPrefix = kVisionTowerFqn + ".vision_model.encoder.layers.";
+const std::string kPrefixLayerPrefix = "paligemma_with_expert.paligemma.model.language_model.layers.";
+const std::string kExpertLayerPrefix = "paligemma_with_expert.gemma_expert.model.layers.";
+
+enum class Unit { kVisionTower, kVisionLayer, kJointLayer, kJointAttention, kPrefixMlp, kExpertMlp };
+struct UnitRef {
+  Unit unit;
+  int64_t index;
+};
+
+// Every recomputable FQN, in model order, with the unit it selects.
+std::vector<std::pair<std::string, UnitRef>> recomputable_units(const Pi05Config& cfg) {
+  std::vector<std::pair<std::string, UnitRef>> out;
+  out.push_back({kVisionTowerFqn, {Unit::kVisionTower, 0}});
+  for (int64_t i = 0; i < cfg.vision.depth; ++i)
+    out.push_back({kVisionLayerPrefix + std::to_string(i), {Unit::kVisionLayer, i}});
+  for (int64_t i = 0; i < cfg.backbone.depth; ++i) {
+    for (const std::string& prefix : {kPrefixLayerPrefix, kExpertLayerPrefix}) {
+      const std::string layer = prefix + std::to_string(i);
+      out.push_back({layer, {Unit::kJointLayer, i}});
+      out.push_back({layer + ".self_attn", {Unit::kJointAttention, i}});
+      out.push_back({layer + ".mlp", {prefix == kPrefixLayerPrefix ? Unit::kPrefixMlp : Unit::kExpertMlp, i}});
+    }
+  }
+  return out;
+}
+
+// True when selecting `outer` already recomputes everything `inner` covers.
+bool contains(const UnitRef& outer, const UnitRef& inner) {
+  if (outer.unit == Unit::kVisionTower) return inner.unit == Unit::kVisionLayer;
+  if (outer.unit == Unit::kJointLayer)
+    return inner.index == outer.index &&
+           (inner.unit == Unit::kJointAttention || inner.unit == Unit::kPrefixMlp || inner.unit == Unit::kExpertMlp);
+  return false;
+}
+
+std::vector<torch::Tensor> concat(std::vector<torch::Tensor> a, const std::vector<torch::Tensor>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+}  // namespace
+
+MultiModalProjectorImpl::MultiModalProjectorImpl(int64_t in, int64_t out, torch::TensorOptions options) {
+  linear = register_module("linear", Linear(in, out, /*bias=*/true, options));
+}
+
+torch::Tensor MultiModalProjectorImpl::forward(const torch::Tensor& x) {
+  profiler::Scope scope(fqn());
+  return linear(x);
+}
+
+PaliGemmaModelImpl::PaliGemmaModelImpl(const Pi05Config& cfg, torch::TensorOptions options) {
+  vision_tower = register_module("vision_tower", SiglipVisionTower(cfg.vision, options));
+  multi_modal_projector =
+      register_module("multi_modal_projector", MultiModalProjector(cfg.vision.width, cfg.backbone.width, options));
+  language_model = register_module("language_model", GemmaModel(cfg.backbone, /*adaptive=*/false, 0, options));
+}
+
+PaliGemmaImpl::PaliGemmaImpl(const Pi05Config& cfg, torch::TensorOptions options) {
+  model = register_module("model", PaliGemmaModel(cfg, options));
+}
+
+GemmaExpertImpl::GemmaExpertImpl(const Pi05Config& cfg, torch::TensorOptions options) {
+  GemmaConfig expert = cfg.expert;
+  expert.vocab = 0;  // the expert has no token embedding (openpi sets embed_tokens = None)
+  model = register_module("model", GemmaModel(expert, /*adaptive=*/true, cfg.expert.width, options));
+}
+
+PaliGemmaWithExpertImpl::PaliGemmaWithExpertImpl(const Pi05Config& cfg, torch::TensorOptions options) {
+  paligemma = register_module("paligemma", PaliGemma(cfg, options));
+  gemma_expert = register_module("gemma_expert", GemmaExpert(cfg, options));
+}
+
+Pi05Impl::Pi05Impl(const Pi05Config& cfg, torch::Device device, torch::Dtype dtype) : cfg_(cfg) {
+  cfg_.validate();
+  auto options = torch::TensorOptions().device(device).dtype(dtype);
+  const int64_t we = cfg.expert.width;
+  paligemma_with_expert = register_module("paligemma_with_expert", PaliGemmaWithExpert(cfg, options));
+  action_in_proj = register_module("action_in_proj", Linear(cfg.action_dim, we, true, options));
+  action_out_proj = register_module("action_out_proj", Linear(we, cfg.action_dim, true, options));
+  time_mlp_in = register_module("time_mlp_in", Linear(we, we, true, options));
+  time_mlp_out = register_module("time_mlp_out", Linear(we, we, true, options));
+  assign_fqns(*this);
+  set_fqn("");  // the root has no FQN; its forward opens no scope
+  set_recompute({});
+}
+
+// ModuleHolder's const operator-> yields const modules; ptr() hands out the shared (mutable) module.
+SiglipVisionTowerImpl& Pi05Impl::vision_tower() const {
+  return *paligemma_with_expert.ptr()->paligemma.ptr()->model.ptr()->vision_tower.ptr();
+}
+MultiModalProjectorImpl& Pi05Impl::projector() const {
+  return *paligemma_with_expert.ptr()->paligemma.ptr()->model.ptr()->multi_modal_projector.ptr();
+}
+GemmaModelImpl& Pi05Impl::language_model() const {
+  return *paligemma_with_expert.ptr()->paligemma.ptr()->model.ptr()->language_model.ptr();
+}
+GemmaModelImpl& Pi05Impl::expert_model() const {
+  return *paligemma_with_expert.ptr()->gemma_expert.ptr()->model.ptr();
+}
+
+std::vector<std::string> Pi05Impl::recomputable_fqns() const {
+  std::vector<std::string> out;
+  for (const auto& item : recomputable_units(cfg_)) out.push_back(item.first);
+  return out;
+}
+
+void Pi05Impl::set_recompute(const std::vector<std::string>& fqns) {
+  std::map<std::string, UnitRef> known;
+  for (const auto& item : recomputable_units(cfg_)) known.emplace(item.first, item.second);
+  std::vector<std::pair<std::string, UnitRef>> chosen;
+  for (const std::string& fqn : fqns) {
+    auto it = known.find(fqn);
+    if (it == known.end())
+      throw std::invalid_argument("set_recompute: no recomputable module '" + fqn +
+                                  "' (recomputable: the vision tower, its encoder layers 0.." +
+                                  std::to_string(cfg_.vision.depth - 1) + ", decoder layers 0.." +
+                                  std::to_string(cfg_.backbone.depth - 1) +
+                                  " and their self_attn and mlp; see Pi05Impl::recomputable_fqns())");
+    for (const auto& [other, ref] : chosen) {
+      if (contains(ref, it->second) || contains(it->second, ref)) {
+        const bool other_outer = contains(ref, it->second);
+        throw std::invalid_argument("set_recompute: nested selection: '" + (other_outer ? other : fqn) +
+                                    "' contains '" + (other_outer ? fqn : other) + "'; select only one of them");
+      }
+    }
+    chosen.emplace_back(fqn, it->second);
+  }
+  RecomputeSet set;
+  const auto depth = static_cast<size_t>(cfg_.backbone.depth);
+  set.vision_layer.assign(static_cast<size_t>(cfg_.vision.depth), false);
+  set.joint_layer.assign(depth, false);
+  set.joint_attention.assign(depth, false);
+  set.prefix_mlp.assign(depth, false);
+  set.expert_mlp.assign(depth, false);
+  for (const auto& [fqn, ref] : chosen) {
+    const auto i = static_cast<size_t>(ref.index);
+    switch (ref.unit) {
+      case Unit::kVisionTower:
+        set.vision_tower = true;
+        break;
+      case Unit::kVisionLayer:
+        set.vision_layer[i] = true;
+        break;
+      case Unit::kJointLayer:
+        set.joint_layer[i] = true;
+        break;
+      case Unit::kJointAttention:
+        set.joint_attention[i] = true;
+        break;
+      case Unit::kPrefixMlp:
+        set.prefix_mlp[i] = true;
+        break;
+      case Unit::kExpertMlp:
+        set.expert_mlp[i] = true;
+        break;
+    }
+  }
+  recompute_ = std::move(set);
+  recompute_fqns_ = fqns;
+}
+
+void Pi05Impl::fill_missing_grads() {
+  torch::NoGradGuard no_grad;
+  for (auto& p : parameters()) {
+    if (p.requires_grad() && !p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+  }
+}
+
+torch::Tensor time_embedding(const torch::Tensor& t, int64_t dim, double min_period, double max_period) {
+  const int64_t half = dim / 2;
+  auto options = torch::TensorOptions().dtype(t.scalar_type()).device(t.device());
+  auto fraction = torch::linspace(0.0, 1.0, half, options);
+  auto period = torch::pow(max_period / min_period, fraction) * min_period;
+  auto angles = t.unsqueeze(1) * (2.0 * M_PI / period).unsqueeze(0);
+  return at::cat({angles.sin(), angles.cos()}, 1);
+}
+
+Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions& options) {
+  const auto device = batch.tokens.device();
+  const auto compute = options.compute_dtype.value_or(action_in_proj->weight.scalar_type());
+  const auto md = math_dtype(compute);
+  const int64_t b = batch.tokens.size(0);
+  if (options.loss_action_dim < 1 || options.loss_action_dim > cfg_.action_dim)
+    throw std::invalid_argument("Pi05: loss_action_dim must be in [1, " + std::to_string(cfg_.action_dim) + "], got " +
+                                std::to_string(options.loss_action_dim));
+
+  // 1. Exact shortcuts: decided once per step on the host (the only host syncs of the forward).
+  torch::Tensor images = batch.images, image_masks = batch.image_masks;
+  if (options.prune_slots && image_masks.size(1) > 0) {
+    auto any = image_masks.any(0).to(torch::kCPU);
+    std::vector<int64_t> kept;
+    for (int64_t s = 0; s < any.size(0); ++s)
+      if (any[s].item<bool>()) kept.push_back(s);
+    if (static_cast<int64_t>(kept.size()) < image_masks.size(1)) {
+      auto index = torch::tensor(kept, torch::TensorOptions().dtype(torch::kLong)).to(device);
+      images = images.index_select(1, index);
+      image_masks = image_masks.index_select(1, index);
+    }
+  }
+  torch::Tensor tokens = batch.tokens, token_masks = batch.token_masks;
+  if (options.trim_text && tokens.size(1) > 0) {
+    auto any = token_masks.any(0).to(torch::kCPU);
+    int64_t last = 0;  // last true index + 1
+    const auto* flags = any.data_ptr<bool>();
+    for (int64_t j = any.size(0); j > 0; --j)
+      if (flags[j - 1]) {
+        last = j;
+        break;
+      }
+    const int64_t multiple = std::max<int64_t>(1, options.trim_multiple);
+    int64_t keep = std::min<int64_t>(tokens.size(1), (last + multiple - 1) / multiple * multiple);
+    keep = std::max<int64_t>(keep, 1);
+    if (keep < tokens.size(1)) {
+      tokens = tokens.narrow(1, 0, keep);
+      token_masks = token_masks.narrow(1, 0, keep);
+    }
+  }
+
+  // 2. Prefix: [images of kept slots..., text].
+  GemmaModelImpl& lm = language_model();
+  GemmaModelImpl& ex = expert_model();
+  std::vector<torch::Tensor> prefix_parts, prefix_valid;
+  const int64_t slots = images.size(1);
+  if (slots > 0) {
+    const int64_t side = images.size(-1), per_image = cfg_.vision.tokens_per_image();
+    auto pixels = images.reshape({b * slots, 3, side, side});
+    SiglipVisionTowerImpl& tower = vision_tower();
+    torch::Tensor features;
+    if (recompute_.vision_tower) {
+      SiglipVisionTowerImpl* t = &tower;
+      const Attention mode = options.attention;
+      features = recompute(
+          [t, compute, mode](const std::vector<torch::Tensor>& in) {
+            return std::vector<torch::Tensor>{t->forward(in[0], compute, mode)};
+          },
+          {pixels}, tower.parameters())[0];
+    } else {
+      features = tower.forward(pixels, compute, options.attention, recompute_.vision_layer);
+    }
+    auto projected = projector().forward(features);  // image tokens are not rescaled
+    prefix_parts.push_back(projected.reshape({b, slots * per_image, projected.size(-1)}));
+    prefix_valid.push_back(image_masks.unsqueeze(-1).expand({b, slots, per_image}).reshape({b, slots * per_image}));
+  }
+  {
+    const double scale = std::sqrt(static_cast<double>(cfg_.backbone.width));
+    prefix_parts.push_back((lm.embed_tokens(tokens).to(md) * scale).to(compute));
+    prefix_valid.push_back(token_masks);
+  }
+  torch::Tensor hp = at::cat(prefix_parts, 1);
+  torch::Tensor pmask = at::cat(prefix_valid, 1);
+
+  // 3. Suffix and time condition (flow matching, spec §7.1: x_t = t*noise + (1-t)*actions, u = noise - actions).
+  auto t = batch.time.to(md).view({b, 1, 1});
+  auto noise = batch.noise.to(md), actions = batch.actions.to(md);
+  auto x_t = t * noise + (1.0 - t) * actions;
+  auto target = noise - actions;
+  torch::Tensor hs = action_in_proj(x_t.to(compute));
+  auto temb = time_embedding(batch.time.to(md), cfg_.expert.width).to(compute);
+  JointInputs joint;
+  joint.cond = torch::silu(time_mlp_out(torch::silu(time_mlp_in(temb))));
+  joint.attention = options.attention;
+
+  // 4. Mask and positions over N = P + S: i attends j iff block(j) <= block(i) and valid(j) (prefix block 0,
+  // suffix block 1), or i == j (keeps fully padded query rows finite; exact for valid rows).
+  const int64_t p = hp.size(1), s = hs.size(1), n = p + s;
+  auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(device);
+  auto valid = at::cat({pmask, torch::ones({b, s}, torch::TensorOptions().dtype(torch::kBool).device(device))}, 1);
+  auto block = at::cat({torch::zeros({p}, long_opts), torch::ones({s}, long_opts)});
+  auto allowed = block.unsqueeze(0) <= block.unsqueeze(1);  // [query, key]
+  auto eye = torch::eye(n, torch::TensorOptions().dtype(torch::kBool).device(device));
+  joint.mask = ((allowed.unsqueeze(0) & valid.unsqueeze(1)) | eye).unsqueeze(1);
+  auto positions = valid.to(torch::kLong).cumsum(1) - 1;
+  std::tie(joint.cos, joint.sin) = rope_tables(positions, cfg_.backbone.head_dim, md);
+
+  // 5. Joint layers.
+  Output out;
+  const auto depth = static_cast<size_t>(cfg_.backbone.depth);
+  for (size_t i = 0; i < depth; ++i) {
+    if (options.keep_prefix_states) out.prefix_states.push_back(hp);
+    JointLayerOptions layer_options;
+    layer_options.skip_prefix = options.skip_dead && i + 1 == depth;
+    GemmaDecoderLayerImpl* lp = lm.layers[i].get();
+    GemmaDecoderLayerImpl* le = ex.layers[i].get();
+    std::vector<torch::Tensor> result;
+    if (recompute_.joint_layer[i]) {
+      const Attention mode = options.attention;
+      result = recompute(
+          [lp, le, mode, layer_options](const std::vector<torch::Tensor>& in) {
+            JointInputs j;
+            j.attention = mode;
+            j.cond = in[2];
+            j.cos = in[3];
+            j.sin = in[4];
+            j.mask = in[5];
+            return joint_layer(*lp, *le, in[0], in[1], j, layer_options);
+          },
+          {hp, hs, joint.cond, joint.cos, joint.sin, joint.mask}, concat(lp->parameters(), le->parameters()));
+    } else {
+      layer_options.recompute_attention = recompute_.joint_attention[i];
+      layer_options.recompute_prefix_mlp = recompute_.prefix_mlp[i];
+      layer_options.recompute_expert_mlp = recompute_.expert_mlp[i];
+      result = joint_layer(*lp, *le, hp, hs, joint, layer_options);
+    }
+    hs = result.back();
+    if (!layer_options.skip_prefix) hp = result[0];
+  }
+  if (!options.skip_dead) {
+    if (options.keep_prefix_states) out.prefix_states.push_back(hp);
+    lm.final_norm(hp, torch::Tensor());  // computed but unused, as in openpi (skip_dead drops it)
+  }
+
+  // 6. Velocity head in fp32 (the final adaRMS gate is discarded) and the loss.
+  auto suffix_out = ex.final_norm(hs, joint.cond).y.to(md);
+  out.velocity = action_out_proj(suffix_out);
+  auto diff = (out.velocity - target).narrow(-1, 0, options.loss_action_dim);
+  out.loss = diff.pow(2).mean();
+  return out;
+}
+
+void init_weights(Pi05Impl& model, uint64_t seed) {
+  auto params = model.named_parameters(/*recurse=*/true);
+  if (params.is_empty()) return;
+  const auto device = params.begin()->value().device();
+  if (device.is_meta()) return;
+  at::Generator gen = at::globalContext().defaultGenerator(device).clone();
+  gen.set_current_seed(seed);
+  auto ends_with = [](const std::string& s, const std::string& suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  auto has = [](const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; };
+  torch::NoGradGuard no_grad;
+  for (auto& item : params) {
+    const std::string& name = item.key();
+    torch::Tensor p = item.value();
+    auto lecun = [&](int64_t fan_in) { p.normal_(0.0, 1.0 / std::sqrt(static_cast<double>(fan_in)), gen); };
+    if (has(name, "vision_tower")) {
+      if (ends_with(name, "patch_embedding.weight")) {
+        lecun(p.size(1) * p.size(2) * p.size(3));
+      } else if (ends_with(name, "position_embedding.weight")) {
+        p.normal_(0.0, 1.0 / std::sqrt(static_cast<double>(p.size(1))), gen);
+      } else if (has(name, "layer_norm") || has(name, "post_layernorm")) {
+        ends_with(name, ".weight") ? p.fill_(1.0) : p.zero_();
+      } else if (ends_with(name, ".weight")) {
+        const double bound = std::sqrt(6.0 / static_cast<double>(p.size(0) + p.size(1)));
+        p.uniform_(-bound, bound, gen);
+      } else if (has(name, "mlp.fc")) {
+        p.normal_(0.0, 1e-6, gen);
+      } else {
+        p.zero_();
+      }
+    } else if (ends_with(name, "embed_tokens.weight")) {
+      p.normal_(0.0, 0.01, gen);
+    } else if (ends_with(name, "layernorm.weight") || ends_with(name, "norm.weight")) {
+      p.zero_();  // RMS scale (1 + w): 0 = identity
+    } else if (ends_with(name, ".weight")) {
+      lecun(p.size(1));
+    } else {
+      p.zero_();
+    }
+  }
+}
+
+int64_t count_parameters(const torch::nn::Module& module) {
+  int64_t total = 0;
+  for (const auto& p : module.parameters(/*recurse=*/true)) total += p.numel();
+  return total;
+}
+
+}  // namespace vlatune::model

@@ -1,0 +1,107 @@
+#include "model/siglip.h"
+
+#include "model/recompute.h"
+#include "profiler/scope.h"
+
+namespace vlatune::model {
+
+namespace {
+constexpr double kLayerNormEps = 1e-6;
+}
+
+SiglipAttentionImpl::SiglipAttentionImpl(const VisionConfig& cfg, torch::TensorOptions options) : heads(cfg.heads) {
+  q_proj = register_module("q_proj", Linear(cfg.width, cfg.width, true, options));
+  k_proj = register_module("k_proj", Linear(cfg.width, cfg.width, true, options));
+  v_proj = register_module("v_proj", Linear(cfg.width, cfg.width, true, options));
+  out_proj = register_module("out_proj", Linear(cfg.width, cfg.width, true, options));
+}
+
+torch::Tensor SiglipAttentionImpl::forward(const torch::Tensor& x, Attention mode) {
+  profiler::Scope scope(fqn());
+  const int64_t n = x.size(0), t = x.size(1), width = x.size(2);
+  auto split = [&](const torch::Tensor& y) { return y.view({n, t, heads, width / heads}).transpose(1, 2); };
+  auto o = attention_core(split(q_proj(x)), split(k_proj(x)), split(v_proj(x)), torch::Tensor(), mode);
+  return out_proj(o.transpose(1, 2).reshape({n, t, width}));
+}
+
+SiglipMLPImpl::SiglipMLPImpl(const VisionConfig& cfg, torch::TensorOptions options) {
+  fc1 = register_module("fc1", Linear(cfg.width, cfg.mlp, true, options));
+  fc2 = register_module("fc2", Linear(cfg.mlp, cfg.width, true, options));
+}
+
+torch::Tensor SiglipMLPImpl::forward(const torch::Tensor& x) {
+  profiler::Scope scope(fqn());
+  return fc2(gelu_tanh(fc1(x)));
+}
+
+SiglipEncoderLayerImpl::SiglipEncoderLayerImpl(const VisionConfig& cfg, torch::TensorOptions options) {
+  self_attn = register_module("self_attn", SiglipAttention(cfg, options));
+  layer_norm1 = register_module("layer_norm1", LayerNorm(cfg.width, kLayerNormEps, options));
+  mlp = register_module("mlp", SiglipMLP(cfg, options));
+  layer_norm2 = register_module("layer_norm2", LayerNorm(cfg.width, kLayerNormEps, options));
+}
+
+torch::Tensor SiglipEncoderLayerImpl::forward(const torch::Tensor& x, Attention mode) {
+  profiler::Scope scope(fqn());
+  auto h = x + self_attn->forward(layer_norm1(x), mode);
+  return h + mlp(layer_norm2(h));
+}
+
+SiglipEmbeddingsImpl::SiglipEmbeddingsImpl(const VisionConfig& cfg, torch::TensorOptions options) {
+  patch_embedding = register_module("patch_embedding", PatchConv(3, cfg.width, cfg.patch, options));
+  position_embedding = register_module("position_embedding", Embedding(cfg.tokens_per_image(), cfg.width, options));
+}
+
+torch::Tensor SiglipEmbeddingsImpl::forward(const torch::Tensor& pixels, c10::ScalarType compute) {
+  profiler::Scope scope(fqn());
+  const auto md = math_dtype(compute);
+  auto patches = patch_embedding(pixels.to(md)).flatten(2).transpose(1, 2);  // [n, tokens, width], row-major
+  auto ids = torch::arange(patches.size(1), torch::TensorOptions().dtype(torch::kLong).device(pixels.device()));
+  return (patches + position_embedding(ids).to(md)).to(compute);
+}
+
+SiglipEncoderImpl::SiglipEncoderImpl(const VisionConfig& cfg, torch::TensorOptions options) {
+  layers_list = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < cfg.depth; ++i) {
+    layers.push_back(SiglipEncoderLayer(cfg, options));
+    layers_list->push_back(layers.back());
+  }
+}
+
+SiglipVisionTransformerImpl::SiglipVisionTransformerImpl(const VisionConfig& cfg, torch::TensorOptions options) {
+  embeddings = register_module("embeddings", SiglipEmbeddings(cfg, options));
+  encoder = register_module("encoder", SiglipEncoder(cfg, options));
+  post_layernorm = register_module("post_layernorm", LayerNorm(cfg.width, kLayerNormEps, options));
+}
+
+SiglipVisionTowerImpl::SiglipVisionTowerImpl(const VisionConfig& cfg, torch::TensorOptions options) {
+  vision_model = register_module("vision_model", SiglipVisionTransformer(cfg, options));
+}
+
+torch::Tensor SiglipVisionTowerImpl::forward(const torch::Tensor& pixels, c10::ScalarType compute, Attention mode,
+                                             const std::vector<bool>& recompute_layers) {
+  profiler::Scope scope(fqn());
+  auto& vm = *vision_model;
+  profiler::Scope model_scope(vm.fqn());
+  auto x = vm.embeddings->forward(pixels, compute);
+  {
+    profiler::Scope encoder_scope(vm.encoder->fqn());
+    auto& layers = vm.encoder->layers;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      if (i < recompute_layers.size() && recompute_layers[i]) {
+        SiglipEncoderLayerImpl* layer = layers[i].get();
+        std::vector<torch::Tensor> params = layer->parameters();
+        x = recompute(
+            [layer, mode](const std::vector<torch::Tensor>& in) -> std::vector<torch::Tensor> {
+              return {layer->forward(in[0], mode)};
+            },
+            {x}, params)[0];
+      } else {
+        x = layers[i]->forward(x, mode);
+      }
+    }
+  }
+  return vm.post_layernorm(x);
+}
+
+}  // namespace vlatune::model
