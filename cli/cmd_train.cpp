@@ -1,44 +1,101 @@
-// `vlatune train`: the built-in Pi0.5 trainer, configured by a recipe.
+// `vlatune train`: the built-in Pi0.5 trainer, configured by a recipe (flags override its keys).
 #include <CLI/CLI.hpp>
 
+#include <iostream>
 #include <memory>
 
 #include "cli/cli.h"
+#include "formats/json_error.h"
+#include "trainer/train_loop.h"
 
 namespace vlatune::cli {
 
-struct TrainOptions {
-  std::string config = "tiny";
-  std::string data = "synthetic";
-  int steps = 0;
-  int batch = 32;
-  std::string out;
-  std::string recipe;
-  std::string resume;
-  std::string init_weights;
-  double lr = 0;
+namespace {
+
+struct TrainCliOptions {
+  trainer::TrainOptions train;
+  int64_t batch = 0, grad_accum = 0, steps = 0;
+  std::string precision;
+  double decay_lr = 0;
+  bool no_progress = false;
 };
 
-static int run_train(const TrainOptions&) {
-  throw Unavailable("train: not available yet: the trainer arrives with the trainer issue");
+int run_train(TrainCliOptions& o, CLI::App& cmd, Context& ctx) {
+  trainer::TrainOptions t = o.train;
+  if (cmd.count("--batch")) t.batch = o.batch;
+  if (cmd.count("--grad-accum")) t.grad_accum = o.grad_accum;
+  if (cmd.count("--steps")) t.steps = o.steps;
+  if (cmd.count("--precision")) t.precision = o.precision;
+  if (cmd.count("--decay-lr")) t.decay_lr = o.decay_lr;
+  if (o.no_progress) t.progress_bar = false;
+  if (!t.resume.empty() && (cmd.count("--out") || cmd.count("--config") || cmd.count("--data") ||
+                            cmd.count("--recipe") || cmd.count("--batch")))
+    throw BadInput(
+        "--resume continues a run with its own settings: drop --out/--config/--data/--recipe/--batch "
+        "(only --steps may extend it)");
+  try {
+    auto summary = trainer::run_training(t, ctx.out);
+    return summary.interrupted ? 130 : kExitOk;
+  } catch (const trainer::TrainInputError& e) {
+    throw BadInput(e.what());
+  } catch (const formats::FormatError& e) {
+    throw BadInput(e.what());
+  }
 }
 
+}  // namespace
+
 void setup_train(CLI::App& app, Context& ctx) {
-  auto opts = std::make_shared<TrainOptions>();
+  auto o = std::make_shared<TrainCliOptions>();
   auto* cmd = app.add_subcommand("train",
                                  "Train Pi0.5 with a recipe -> RUNDIR/{metrics.jsonl, run.json, "
-                                 "checkpoints}");
-  cmd->add_option("--config", opts->config, "Model size")->check(CLI::IsMember({"tiny", "full"}));
-  cmd->add_option("--data", opts->data, "Dataset directory, or 'synthetic' (batches made on the GPU)");
-  cmd->add_option("--steps", opts->steps, "Total optimizer steps")->check(CLI::Range(1, 1 << 30));
-  cmd->add_option("--batch", opts->batch, "Micro-batch size")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--out", opts->out, "Run directory");
-  cmd->add_option("--recipe", opts->recipe, "recipe.json (flags override it)")->check(CLI::ExistingFile);
-  cmd->add_option("--resume", opts->resume, "Continue the run in RUNDIR")->check(CLI::ExistingDirectory);
-  cmd->add_option("--init-weights", opts->init_weights, "openpi/LeRobot-named safetensors to start from")
+                                 "checkpoints/, final/}");
+  auto& t = o->train;
+  cmd->add_option("--config", t.config, "Model size")->check(CLI::IsMember({"tiny", "full"}));
+  cmd->add_option("--data", t.data,
+                  "Dataset directory (vlatune data synth|import), or 'synthetic' (batches "
+                  "generated on the device)");
+  cmd->add_option("--steps", o->steps, "Total optimizer steps (on --resume: extend the run to this many)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--batch", o->batch, "Micro-batch size (recipe: batch.micro_batch)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--grad-accum", o->grad_accum, "Micro-batches per optimizer step (recipe: batch.grad_accum)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--out", t.out, "Run directory (new run)");
+  cmd->add_option("--recipe", t.recipe_path, "recipe.json (flags override it)")->check(CLI::ExistingFile);
+  cmd->add_option("--resume", t.resume, "Continue the run in RUNDIR from its newest checkpoint")
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--init-weights", t.init_weights, "openpi/LeRobot-named safetensors to start from")
       ->check(CLI::ExistingFile);
-  cmd->add_option("--lr", opts->lr, "Peak learning rate")->check(CLI::PositiveNumber);
-  cmd->callback([&ctx, opts] { ctx.action = [opts] { return run_train(*opts); }; });
+  cmd->add_option("--device", t.device, "auto: the GPU when visible")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  cmd->add_option("--precision", o->precision, "bf16 (parameters and AdamW state in bf16) or fp32-master")
+      ->check(CLI::IsMember({"bf16", "fp32-master"}));
+  cmd->add_option("--lr", t.lr, "Peak learning rate (default 5e-5, openpi pi05_libero)")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--warmup-steps", t.warmup_steps, "Linear warmup steps (default 10000)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  cmd->add_option("--decay-steps", t.decay_steps, "Cosine decay ends at this step (default 1000000)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--decay-lr", o->decay_lr, "Learning rate at the end of the cosine (default: = --lr)")
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--clip-norm", t.clip_norm, "Global gradient-norm clip (0: off; default 1.0)")
+      ->check(CLI::Range(0.0, 1e9));
+  cmd->add_option("--weight-decay", t.weight_decay, "AdamW weight decay (default 1e-10)")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--ema", t.ema_decay, "EMA decay of the weights (0: off; openpi pi05_libero: 0.999)")
+      ->check(CLI::Range(0.0, 0.999999));
+  cmd->add_option("--action-dim", t.loss_action_dim, "Loss over the first N action dims (LeRobot: the real ones)")
+      ->check(CLI::Range(int64_t{1}, int64_t{32}));
+  cmd->add_option("--seed", t.seed, "Seed of initialization, data order and flow-matching draws");
+  cmd->add_option("--checkpoint-every", t.checkpoint_every, "Steps between checkpoints (0: only the last)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  cmd->add_option("--keep-last", t.keep_last, "Checkpoints kept")->check(CLI::Range(1, 1000));
+  cmd->add_option("--timing-warmup", t.timing_warmup, "Steps left out of run.json's timing statistics")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  cmd->add_option("--workers", t.workers, "Data loader threads")->check(CLI::Range(1, 256));
+  cmd->add_flag("--augment", t.augment, "openpi training augmentation (crop, rotation, color jitter)");
+  cmd->add_option("--log-every", t.log_every, "Plain log line every N steps")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_flag("--no-progress", o->no_progress, "Plain log lines even on a terminal");
+  cmd->callback([&ctx, o, cmd] { ctx.action = [&ctx, o, cmd] { return run_train(*o, *cmd, ctx); }; });
 }
 
 }  // namespace vlatune::cli

@@ -6,12 +6,15 @@
 #   bash scripts/pack-deps.sh && mkdir -p .ref && cp ../shared/reference/pi05_torch_reference.py .ref/
 #   device run: command "bash scripts/gpu-check.sh --ref compiled", carry [".deps", ".ref"]
 #
+# Environment: VLATUNE_COMMIT names the commit when the tree arrives without .git.
+#
 # Options:
 #   --ref LIST     comma-separated reference variants to run in the same call (none by default):
 #                  eager-sdpa   (2 slots, SDPA, ViT recomputed)          compiled      (+ torch.compile per layer)
 #                  compiled-fp8 (+ FP8 tensorwise)                       compiled-norc (compiled, nothing recomputed)
 #                  compiled-fp8-trim (compiled + FP8, prompts of 64 tokens)
 #   --bench-filter REGEX   Google Benchmark filter (default: all)
+#   --train-steps N        also run `vlatune train` (full size, synthetic data, batch 32, ViT recomputed) for N steps
 #   --skip-tests           only build and benchmark
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,11 +24,13 @@ mkdir -p "$out"
 refs=""
 bench_filter="."
 skip_tests=0
+train_steps=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --ref) refs="$2"; shift 2 ;;
     --bench-filter) bench_filter="$2"; shift 2 ;;
     --skip-tests) skip_tests=1; shift ;;
+    --train-steps) train_steps="$2"; shift 2 ;;
     *) echo "gpu-check: unknown option '$1'" >&2; exit 4 ;;
   esac
 done
@@ -41,9 +46,11 @@ log "build (build-gpu/)"
 t0=$(date +%s)
 prefix="$root/.deps/root/usr"
 [ -d "$prefix" ] || { echo "gpu-check: .deps missing: run scripts/pack-deps.sh here and carry .deps" >&2; exit 4; }
+commit="$(git rev-parse --short=12 HEAD 2>/dev/null || echo "${VLATUNE_COMMIT:-unknown}")"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DVLATUNE_PYTHON="$python" -DVLATUNE_CUDA=ON \
-  -DCMAKE_PREFIX_PATH="$prefix" >"$out/cmake.log" 2>&1 || { tail -40 "$out/cmake.log"; exit 1; }
-ninja -C build-gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { tail -60 "$out/build.log"; exit 1; }
+  -DVLATUNE_GIT_COMMIT="$commit" \
+  -DCMAKE_PREFIX_PATH="$prefix" >/tmp/cmake.log 2>&1 || { cp /tmp/cmake.log "$out/"; tail -40 /tmp/cmake.log; exit 1; }
+ninja -C build-gpu -j "$(nproc)" >/tmp/build.log 2>&1 || { cp /tmp/build.log "$out/"; tail -60 /tmp/build.log; exit 1; }
 build_s=$(( $(date +%s) - t0 ))
 echo "built in ${build_s}s"
 ./build-gpu/cli/vlatune --version
@@ -57,9 +64,17 @@ if [ "$skip_tests" = 0 ]; then
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 
-log "benchmarks"
-./build-gpu/bench/vlatune_bench --benchmark_filter="$bench_filter" --benchmark_repetitions=10 \
-  --benchmark_report_aggregates_only=true --benchmark_out="$out/bench.json" --benchmark_out_format=json 2>&1 | tail -30
+if [ "$train_steps" -gt 0 ]; then
+  log "vlatune train: full, synthetic, batch 32, ViT recomputed, $train_steps steps"
+  recipe=/tmp/vit_recompute.json
+  echo '{"schema": "vlatune.recipe/1", "recompute": {"modules": ["paligemma_with_expert.paligemma.model.vision_tower.vision_model.encoder.layers.*"]}}' >"$recipe"
+  rm -rf /tmp/vlatune-run
+  ./build-gpu/cli/vlatune train --config full --data synthetic --batch 32 --steps "$train_steps" --recipe "$recipe" \
+    --out /tmp/vlatune-run --no-progress --log-every 5 --checkpoint-every 0 2>&1 | tail -12
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  cp /tmp/vlatune-run/run.json "$out/train_run.json" 2>/dev/null
+  cp /tmp/vlatune-run/metrics.jsonl "$out/train_metrics.jsonl" 2>/dev/null
+fi
 
 : >"$out/reference.jsonl"
 if [ -n "$refs" ]; then
@@ -76,15 +91,19 @@ if [ -n "$refs" ]; then
       *) echo "gpu-check: unknown reference variant '$v'" >&2; exit 4 ;;
     esac
     log "reference $v: $flags"
-    PYTHONUNBUFFERED=1 "$python" "$ref" $flags --steps 10 --warmup 3 --tag "$v" 2>&1 | tee "$out/ref_$v.log" | grep RESULT \
+    PYTHONUNBUFFERED=1 "$python" "$ref" $flags --steps 10 --warmup 3 --tag "$v" 2>&1 | tee "/tmp/ref_$v.log" | grep RESULT \
       | sed 's/^RESULT //' >>"$out/reference.jsonl"
   done
 fi
 
+log "benchmarks"
+./build-gpu/bench/vlatune_bench --benchmark_filter="$bench_filter" --benchmark_repetitions=10 \
+  --benchmark_report_aggregates_only=true --benchmark_out="$out/bench.json" --benchmark_out_format=json 2>&1 | tail -30
+
 log "summary"
-"$python" - "$out/bench.json" "$out/reference.jsonl" "$build_s" <<'PY'
-import json, sys
-bench, refs, build_s = sys.argv[1], sys.argv[2], sys.argv[3]
+"$python" - "$out/bench.json" "$out/reference.jsonl" "$build_s" "$out/train_run.json" <<'PY'
+import json, os, sys
+bench, refs, build_s, train = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 rows = []
 try:
     for b in json.load(open(bench))["benchmarks"]:
@@ -97,6 +116,11 @@ for line in open(refs):
     r = json.loads(line)
     rows.append(("reference " + r["tag"], "%.1f ms" % (r["step_s_median"] * 1e3),
                  "samples/s %.1f, peak_GiB %.1f" % (r["samples_per_s"], r["peak_gib"])))
+if os.path.exists(train):
+    r = json.load(open(train))
+    ms = sorted(r["per_step"]["step_ms"])
+    rows.append(("vlatune train (full, bs %d)" % r["batch"], "%.1f ms" % ms[len(ms) // 2] if ms else "-",
+                 "samples/s %.1f, peak_GiB %.1f" % (r["samples_per_s_median"] or 0, r["peak_gib"] or 0)))
 rows.append(("build", "%s s" % build_s, ""))
 w = max(len(r[0]) for r in rows)
 print("%-*s  %-12s  %s" % (w, "what", "median", "counters"))

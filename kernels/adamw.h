@@ -1,0 +1,77 @@
+// Fused multi-tensor AdamW and the fused squared-L2 norm used for global-norm clipping: torch-free params and
+// raw-pointer launchers (kernels in adamw.cu; the ATen reference in adamw_ref.cpp; checks and dispatch by
+// device in adamw_dispatch.cpp, declared in adamw_ops.h). Design note: adamw.md.
+//
+// Semantics are torch.optim.AdamW's (decoupled weight decay, bias correction), all math in fp32:
+//   g  = grad * grad_scale                       (grad_scale = clip coefficient, read on the device)
+//   p *= 1 - lr * weight_decay
+//   m  = beta1 * m + (1 - beta1) * g
+//   v  = beta2 * v + (1 - beta2) * g^2
+//   p -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
+// A device grad_scale that is not finite means "skip": the kernel writes nothing (the non-finite guard costs no
+// host sync before the update).
+#pragma once
+
+#include <cstdint>
+
+struct CUstream_st;  // cudaStream_t without <cuda_runtime.h>: this header is included by CPU-only builds
+
+namespace vlatune::kernels {
+
+// How parameters, gradients and AdamW state are stored. Math is fp32 in every mode.
+enum class AdamwStorage {
+  kFp32,        // fp32 params, fp32 grads, fp32 exp_avg/exp_avg_sq (tests, CPU parity, fp32 models)
+  kBf16,        // bf16 params, bf16 grads, bf16 exp_avg/exp_avg_sq (recipe precision "bf16", as openpi-PT)
+  kFp32Master,  // fp32 master params + fp32 exp_avg/exp_avg_sq, bf16 grads; also writes the bf16 model copy
+};
+
+const char* adamw_storage_name(AdamwStorage storage);
+
+// Hyper-parameters of one update. Host doubles; the launcher rounds them to fp32 once.
+struct AdamwParams {
+  double lr = 0.0;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 1e-10;
+  int64_t step = 1;         // 1-based number of this update, for bias correction (torch's state['step'] after +1)
+  double grad_scale = 1.0;  // host factor multiplied into every gradient
+  // Optional device fp32 scalar multiplied into every gradient as well (the clip coefficient computed on the
+  // device from the fused norm). Non-finite = skip the update. nullptr = 1.
+  const float* grad_scale_device = nullptr;
+};
+
+// One list of tensors for the multi-tensor AdamW. Arrays of `count` raw device pointers, all contiguous.
+//   kFp32:       params float*,  grads float*,         exp_avg/exp_avg_sq float*,         model_bf16 unused
+//   kBf16:       params bf16*,   grads bf16*,          exp_avg/exp_avg_sq bf16*,          model_bf16 unused
+//   kFp32Master: params float* (master), grads bf16*,  exp_avg/exp_avg_sq float*,         model_bf16 bf16* (written)
+// A null grads[i] is a zero gradient (a parameter without a gradient this step: the update still decays m/v
+// and applies weight decay, as optax does for a zero gradient).
+struct AdamwTensorList {
+  void* const* params = nullptr;
+  const void* const* grads = nullptr;
+  void* const* exp_avg = nullptr;
+  void* const* exp_avg_sq = nullptr;
+  void* const* model_bf16 = nullptr;
+  const int64_t* numels = nullptr;
+  int64_t count = 0;
+};
+
+// Updates every tensor of `list` in as few launches as the kernel-parameter table allows (chunked multi-tensor
+// apply: each CUDA block takes one chunk of one tensor). Asynchronous on `stream`; throws on a launch error.
+void launch_adamw_multi_tensor(AdamwStorage storage, const AdamwTensorList& list, const AdamwParams& params,
+                               CUstream_st* stream);
+
+// Element type of a gradient list for the fused norm.
+enum class NormDtype { kFp32, kBf16 };
+
+// Workspace (fp32 elements) launch_sum_squares_multi_tensor needs for these sizes: one partial per chunk.
+int64_t sum_squares_workspace_numel(const int64_t* numels, int64_t count);
+
+// out[0] = sum over all tensors of sum(x^2), accumulated in fp32 (per chunk, then over chunks in a fixed order:
+// deterministic, no atomics). Null tensors are skipped. `workspace` holds sum_squares_workspace_numel floats.
+// Asynchronous on `stream`; no host sync.
+void launch_sum_squares_multi_tensor(NormDtype dtype, const void* const* tensors, const int64_t* numels, int64_t count,
+                                     float* workspace, float* out, CUstream_st* stream);
+
+}  // namespace vlatune::kernels

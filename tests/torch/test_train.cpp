@@ -1,0 +1,167 @@
+// The trainer end to end on the tiny config (CPU): resume is bit-exact, outputs are valid, recipes are applied
+// or refused with the JSON path.
+#include <torch/torch.h>
+#include <catch2/catch.hpp>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "formats/json_error.h"
+#include "formats/metrics_jsonl.h"
+#include "formats/run_record.h"
+#include "model/safetensors_io.h"
+#include "trainer/checkpoint.h"
+#include "trainer/train_loop.h"
+
+namespace {
+
+using vlatune::trainer::TrainOptions;
+
+std::string fresh_dir(const std::string& tag) {
+  char templ[] = "/tmp/vlatune-train-XXXXXX";
+  const char* dir = ::mkdtemp(templ);
+  REQUIRE(dir != nullptr);
+  return std::string(dir) + "/" + tag;
+}
+
+TrainOptions tiny_options(const std::string& out, int64_t steps) {
+  TrainOptions o;
+  o.config = "tiny";
+  o.data = "synthetic";
+  o.device = "cpu";
+  o.out = out;
+  o.steps = steps;
+  o.batch = 2;
+  o.lr = 1e-3;
+  o.warmup_steps = 2;
+  o.decay_steps = 100;
+  o.decay_lr = 1e-4;
+  o.ema_decay = 0.9;
+  o.checkpoint_every = 2;
+  o.timing_warmup = 1;
+  o.workers = 1;
+  o.progress_bar = false;
+  o.seed = 5;
+  return o;
+}
+
+std::map<std::string, torch::Tensor> load_all(const std::string& path) {
+  auto f = vlatune::model::SafetensorsFile::open(path);
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& e : f.entries()) out[e.name] = f.tensor(e.name);
+  return out;
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  f << text;
+}
+
+}  // namespace
+
+TEST_CASE("A resumed run ends bit-identical to a straight run", "[train]") {
+  std::ostringstream log;
+  const std::string straight = fresh_dir("straight"), resumed = fresh_dir("resumed");
+  auto s = vlatune::trainer::run_training(tiny_options(straight, 4), log);
+  CHECK(s.last_step == 4);
+
+  auto first = tiny_options(resumed, 2);
+  vlatune::trainer::run_training(first, log);
+  TrainOptions again;
+  again.resume = resumed;
+  again.steps = 4;
+  again.progress_bar = false;
+  auto r = vlatune::trainer::run_training(again, log);
+  CHECK(r.first_step == 2);
+  CHECK(r.last_step == 4);
+
+  for (const char* file : {"final/model.safetensors", "checkpoints/step_00000004/optimizer.safetensors",
+                           "checkpoints/step_00000004/ema.safetensors"}) {
+    INFO(file);
+    auto a = load_all(straight + "/" + file), b = load_all(resumed + "/" + file);
+    REQUIRE(a.size() == b.size());
+    for (const auto& [name, t] : a) {
+      INFO(name);
+      REQUIRE(b.count(name) == 1);
+      CHECK(torch::equal(t, b[name]));
+    }
+  }
+  // The metrics of the resumed run continue where the first part stopped: one row per step, in order.
+  auto rows = vlatune::formats::read_metrics(resumed + "/metrics.jsonl");
+  REQUIRE(rows.size() == 4);
+  for (int64_t i = 0; i < 4; ++i) CHECK(rows[static_cast<size_t>(i)].step == i);
+  auto straight_rows = vlatune::formats::read_metrics(straight + "/metrics.jsonl");
+  for (size_t i = 0; i < 4; ++i) CHECK(rows[i].loss == straight_rows[i].loss);
+}
+
+TEST_CASE("A run writes metrics, run.json, checkpoints and final weights that read back", "[train]") {
+  std::ostringstream log;
+  const std::string dir = fresh_dir("outputs");
+  auto o = tiny_options(dir, 5);
+  o.keep_last = 2;
+  vlatune::trainer::run_training(o, log);
+  auto run = vlatune::formats::read_run_record(dir + "/run.json");
+  CHECK(run.steps == 5);
+  CHECK(run.warmup_steps == 1);
+  CHECK(run.step_ms.size() == 4);
+  CHECK(run.batch == 2);
+  CHECK(run.environment.config == "tiny");
+  for (double loss : run.loss) CHECK(std::isfinite(loss));
+  auto rows = vlatune::formats::read_metrics(dir + "/metrics.jsonl");
+  REQUIRE(rows.size() == 5);
+  CHECK(rows[0].lr == Approx(1e-3 / 3));  // warmup starts at peak / (W + 1)
+  // keep_last 2: checkpoints 4 and 5 remain (2 was pruned).
+  auto cks = vlatune::trainer::list_checkpoints(dir);
+  REQUIRE(cks.size() == 2);
+  CHECK(cks[0].find("step_00000004") != std::string::npos);
+  CHECK(cks[1].find("step_00000005") != std::string::npos);
+  auto weights = load_all(dir + "/final/model.safetensors");
+  CHECK(weights.count("action_out_proj.weight") == 1);
+  CHECK(weights.count("paligemma_with_expert.gemma_expert.model.norm.dense.weight") == 1);
+}
+
+TEST_CASE("The trainer refuses an existing run directory and a resume without checkpoints", "[train]") {
+  std::ostringstream log;
+  const std::string dir = fresh_dir("twice");
+  vlatune::trainer::run_training(tiny_options(dir, 1), log);
+  REQUIRE_THROWS_WITH(vlatune::trainer::run_training(tiny_options(dir, 1), log),
+                      Catch::Contains("already holds a run") && Catch::Contains("--resume"));
+  TrainOptions resume;
+  resume.resume = fresh_dir("empty");
+  ::mkdir(resume.resume.c_str(), 0755);
+  REQUIRE_THROWS_WITH(vlatune::trainer::run_training(resume, log), Catch::Contains("train_config.json"));
+}
+
+TEST_CASE("Recipe keys are applied, and features not built yet are refused with the JSON path", "[train]") {
+  std::ostringstream log;
+  const std::string base = fresh_dir("recipes");
+  ::mkdir(base.c_str(), 0755);
+
+  const std::string fp8 = base + "/fp8.json";
+  write_text(fp8, R"({"schema": "vlatune.recipe/1", "fp8": {"modules": ["action_in_proj"]}})");
+  auto o = tiny_options(base + "/run-fp8", 1);
+  o.recipe_path = fp8;
+  REQUIRE_THROWS_WITH(vlatune::trainer::run_training(o, log),
+                      Catch::Contains("fp8.json") && Catch::Contains("$.fp8.modules"));
+
+  const std::string bad = base + "/nomatch.json";
+  write_text(bad, R"({"schema": "vlatune.recipe/1", "recompute": {"modules": ["paligemma_with_expert.x.*"]}})");
+  o = tiny_options(base + "/run-nomatch", 1);
+  o.recipe_path = bad;
+  REQUIRE_THROWS_WITH(vlatune::trainer::run_training(o, log), Catch::Contains("$.recompute.modules[0]"));
+
+  const std::string good = base + "/recompute.json";
+  write_text(good, R"({"schema": "vlatune.recipe/1", "batch": {"micro_batch": 3},
+    "recompute": {"modules": ["paligemma_with_expert.paligemma.model.language_model.layers.*.mlp"]}})");
+  o = tiny_options(base + "/run-good", 2);
+  o.recipe_path = good;
+  o.batch.reset();  // the recipe's micro_batch applies
+  vlatune::trainer::run_training(o, log);
+  auto run = vlatune::formats::read_run_record(base + "/run-good/run.json");
+  CHECK(run.batch == 3);
+  CHECK(log.str().find("recompute 2 module(s)") != std::string::npos);
+}

@@ -1,0 +1,25 @@
+// The environment fingerprint stored in run.json: `vlatune check` refuses to compare runs whose GPU, driver,
+// CUDA, torch, batch or recipe differ (timings do not carry across them).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+
+#include "formats/run_record.h"
+
+namespace vlatune::trainer {
+
+// GPU name, driver and CUDA runtime versions of `device` (nulls on the CPU), torch version, vlatune commit.
+// `config` and `recipe_hash` are the caller's.
+formats::Environment capture_environment(torch::Device device, const std::string& config,
+                                         const std::string& recipe_hash, int world_size);
+
+// The vlatune commit this binary was configured from ("unknown" outside a git checkout).
+const char* vlatune_commit();
+
+// Peak bytes the caching allocator handed out on `device` since the last reset, in GiB (0 on the CPU).
+double peak_allocated_gib(torch::Device device);
+void reset_peak_allocated(torch::Device device);
+
+}  // namespace vlatune::trainer

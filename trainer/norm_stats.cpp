@@ -1,0 +1,80 @@
+#include "trainer/norm_stats.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "formats/json_cursor.h"
+
+namespace vlatune::trainer {
+
+namespace {
+
+double linear_quantile(const std::vector<float>& sorted, double p) {
+  const double h = static_cast<double>(sorted.size() - 1) * p;
+  const auto lo = static_cast<size_t>(std::floor(h));
+  const size_t hi = std::min(lo + 1, sorted.size() - 1);
+  return sorted[lo] + (h - static_cast<double>(lo)) * (static_cast<double>(sorted[hi]) - sorted[lo]);
+}
+
+}  // namespace
+
+QuantileStats compute_quantiles(const std::vector<float>& values, int64_t dim) {
+  if (dim < 1 || values.empty() || values.size() % static_cast<size_t>(dim) != 0)
+    throw std::invalid_argument("compute_quantiles: need a non-empty [rows, " + std::to_string(dim) + "] array, got " +
+                                std::to_string(values.size()) + " values");
+  const size_t rows = values.size() / static_cast<size_t>(dim);
+  QuantileStats stats;
+  std::vector<float> column(rows);
+  for (int64_t d = 0; d < dim; ++d) {
+    for (size_t r = 0; r < rows; ++r) column[r] = values[r * static_cast<size_t>(dim) + static_cast<size_t>(d)];
+    std::sort(column.begin(), column.end());
+    stats.q01.push_back(static_cast<float>(linear_quantile(column, 0.01)));
+    stats.q99.push_back(static_cast<float>(linear_quantile(column, 0.99)));
+  }
+  return stats;
+}
+
+void normalize_quantile(float* values, int64_t rows, int64_t dim, const QuantileStats& stats) {
+  const auto n = static_cast<int64_t>(stats.q01.size());
+  if (stats.q99.size() != stats.q01.size() || n > dim)
+    throw std::invalid_argument("normalize_quantile: statistics for " + std::to_string(n) + " dims (q99: " +
+                                std::to_string(stats.q99.size()) + ") do not fit rows of " + std::to_string(dim));
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = values + r * dim;
+    for (int64_t d = 0; d < n; ++d) {
+      const double lo = stats.q01[d], hi = stats.q99[d];
+      row[d] = static_cast<float>((row[d] - lo) / (hi - lo + 1e-6) * 2.0 - 1.0);
+    }
+  }
+}
+
+nlohmann::json quantile_stats_to_json(const QuantileStats& stats) {
+  // Stored as the doubles the floats convert to exactly; nlohmann prints the shortest round-trip form.
+  auto as_json = [](const std::vector<float>& v) {
+    nlohmann::json a = nlohmann::json::array();
+    for (float x : v) a.push_back(static_cast<double>(x));
+    return a;
+  };
+  return {{"q01", as_json(stats.q01)}, {"q99", as_json(stats.q99)}};
+}
+
+QuantileStats read_quantile_stats(const formats::JsonCursor& cursor, int64_t dim) {
+  cursor.expect_object({"q01", "q99"});
+  auto read = [&](const char* key) {
+    const auto arr = cursor.at(key);
+    const size_t n = arr.expect_array();
+    if (static_cast<int64_t>(n) != dim)
+      arr.fail("expected " + std::to_string(dim) + " values (one per dimension), got " + std::to_string(n));
+    std::vector<float> v;
+    for (size_t i = 0; i < n; ++i) v.push_back(static_cast<float>(arr.element(i).get_number()));
+    return v;
+  };
+  QuantileStats stats;
+  stats.q01 = read("q01");
+  stats.q99 = read("q99");
+  return stats;
+}
+
+}  // namespace vlatune::trainer

@@ -1,0 +1,43 @@
+// Quantile normalization statistics of actions and state (spec §5.3): computed at import time, stored in the
+// dataset manifest, applied to the stored records, and written out with the final weights so inference can
+// unnormalize. pi05 uses quantiles, not mean/std: x~ = (x - q01) / (q99 - q01 + 1e-6) * 2 - 1.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace vlatune::formats {
+class JsonCursor;
+}
+
+namespace vlatune::trainer {
+
+struct QuantileStats {
+  std::vector<float> q01, q99;  // one value per real (unpadded) dimension
+};
+
+struct NormStats {
+  QuantileStats actions;
+  QuantileStats state;
+};
+
+// Per-dimension 1% and 99% quantiles of row-major [rows, dim] values, with numpy's default ("linear")
+// interpolation: q(p) = v[floor(h)] + (h - floor(h)) * (v[floor(h) + 1] - v[floor(h)]), h = (rows - 1) * p.
+// Exact, where openpi's compute_norm_stats approximates with a 5000-bin histogram; the two agree to within a
+// bin width. Throws std::invalid_argument when there are no rows or values.size() != rows * dim.
+QuantileStats compute_quantiles(const std::vector<float>& values, int64_t dim);
+
+// Normalizes `rows` rows of `dim` values in place. Dims [0, stats.q01.size()) are mapped with the formula above
+// (computed in double, rounded to float once, as numpy does with openpi's float64 statistics); dims beyond the
+// statistics pass through unchanged (openpi: "padded dims are passed through"). Throws std::invalid_argument
+// when the statistics have more dims than a row or q01/q99 differ in length.
+void normalize_quantile(float* values, int64_t rows, int64_t dim, const QuantileStats& stats);
+
+// The manifest form: {"q01": [...], "q99": [...]}. Floats are written with enough digits to round-trip.
+nlohmann::json quantile_stats_to_json(const QuantileStats& stats);
+// Validating reader: both arrays present, finite numbers, `dim` entries each (FormatError with the JSON path).
+QuantileStats read_quantile_stats(const formats::JsonCursor& cursor, int64_t dim);
+
+}  // namespace vlatune::trainer

@@ -1,0 +1,195 @@
+#include "trainer/optimizer.h"
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <tuple>
+#include <unordered_map>
+
+#include "kernels/adamw_ops.h"
+
+namespace vlatune::trainer {
+
+OptimizerPrecision parse_optimizer_precision(const std::string& name) {
+  if (name == "bf16") return OptimizerPrecision::kBf16;
+  if (name == "fp32-master") return OptimizerPrecision::kFp32Master;
+  throw std::invalid_argument("optimizer precision must be \"bf16\" or \"fp32-master\", got \"" + name + "\"");
+}
+
+const char* optimizer_precision_name(OptimizerPrecision precision) {
+  return precision == OptimizerPrecision::kFp32Master ? "fp32-master" : "bf16";
+}
+
+AdamW::AdamW(std::vector<std::pair<std::string, torch::Tensor>> named_params, AdamWOptions options)
+    : options_(std::move(options)) {
+  const auto [beta1, beta2] = options_.betas;
+  if (!(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1)) {
+    throw std::invalid_argument("adamw: betas must be in [0, 1), got (" + std::to_string(beta1) + ", " +
+                                std::to_string(beta2) + ")");
+  }
+  if (!(options_.eps >= 0) || !(options_.weight_decay >= 0)) {
+    throw std::invalid_argument("adamw: eps and weight_decay must be >= 0");
+  }
+  torch::NoGradGuard no_grad;
+  std::set<std::string> seen;
+  for (auto& [name, p] : named_params) {
+    if (!p.defined()) throw std::invalid_argument("adamw: parameter '" + name + "' is undefined");
+    if (!seen.insert(name).second) throw std::invalid_argument("adamw: parameter '" + name + "' appears twice");
+    if (p.scalar_type() != torch::kFloat32 && p.scalar_type() != torch::kBFloat16) {
+      throw std::invalid_argument("adamw: parameter '" + name + "' must be f32 or bf16, got " +
+                                  std::string(c10::toString(p.scalar_type())));
+    }
+    if (!p.is_contiguous()) throw std::invalid_argument("adamw: parameter '" + name + "' is not contiguous");
+    if (!params_.empty() && p.device() != params_.front().device()) {
+      throw std::invalid_argument("adamw: parameter '" + name + "' is on " + p.device().str() + ", '" + names_.front() +
+                                  "' on " + params_.front().device().str());
+    }
+    // fp32-master needs a master only for bf16 parameters: an fp32 parameter is its own master.
+    const bool has_master =
+        options_.precision == OptimizerPrecision::kFp32Master && p.scalar_type() == torch::kBFloat16;
+    const auto state_dtype = has_master ? torch::kFloat32 : p.scalar_type();
+    names_.push_back(name);
+    master_.push_back(has_master ? p.detach().to(torch::kFloat32, false, true) : torch::Tensor());
+    exp_avg_.push_back(torch::zeros_like(p, p.options().dtype(state_dtype)));
+    exp_avg_sq_.push_back(torch::zeros_like(p, p.options().dtype(state_dtype)));
+    decay_.push_back(!(options_.no_decay && options_.no_decay(name)));
+    params_.push_back(p);
+  }
+
+  // Groups: (decays, dtype, has master) -> one adamw_step call each, in first-appearance order.
+  std::map<std::tuple<bool, int, bool>, size_t> group_of;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto key = std::make_tuple(bool(decay_[i]), static_cast<int>(params_[i].scalar_type()), master_[i].defined());
+    auto it = group_of.find(key);
+    if (it == group_of.end()) {
+      it = group_of.emplace(key, groups_.size()).first;
+      groups_.emplace_back();
+      groups_.back().weight_decay = decay_[i] ? options_.weight_decay : 0.0;
+    }
+    Group& g = groups_[it->second];
+    g.index.push_back(i);
+    g.params.push_back(params_[i]);
+    g.exp_avg.push_back(exp_avg_[i]);
+    g.exp_avg_sq.push_back(exp_avg_sq_[i]);
+    if (master_[i].defined()) g.master.push_back(master_[i]);
+  }
+}
+
+StepResult AdamW::step(double lr, double max_grad_norm) {
+  StepResult result;
+  result.lr = lr;
+  result.step = step_;
+  if (params_.empty()) return result;
+  torch::NoGradGuard no_grad;
+  const torch::Device device = params_.front().device();
+
+  std::vector<torch::Tensor> grads(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const torch::Tensor& g = params_[i].grad();
+    if (!g.defined()) continue;  // zero gradient
+    grads[i] = g.scalar_type() == params_[i].scalar_type() ? g.contiguous() : g.to(params_[i].scalar_type());
+  }
+
+  // Clip coefficient on the device; NaN when the norm is not finite, which the update reads as "skip".
+  torch::Tensor norm = kernels::global_grad_norm(grads).to(device);
+  torch::Tensor coef = max_grad_norm > 0 ? (max_grad_norm / (norm + 1e-6)).clamp_max(1.0) : torch::ones_like(norm);
+  coef = torch::where(torch::isfinite(norm), coef, std::numeric_limits<double>::quiet_NaN());
+
+  kernels::AdamwParams hp;
+  hp.lr = lr;
+  hp.beta1 = options_.betas.first;
+  hp.beta2 = options_.betas.second;
+  hp.eps = options_.eps;
+  hp.step = step_ + 1;
+  for (Group& group : groups_) {
+    std::vector<torch::Tensor> group_grads;
+    group_grads.reserve(group.index.size());
+    for (size_t i : group.index) group_grads.push_back(grads[i]);
+    hp.weight_decay = group.weight_decay;
+    kernels::adamw_step(group.params, group_grads, group.exp_avg, group.exp_avg_sq,
+                        group.master.empty() ? nullptr : &group.master, hp, coef);
+  }
+
+  // The one host sync of the step: for the log and the guard (the update is already queued).
+  result.grad_norm = norm.item<double>();
+  result.skipped = !std::isfinite(result.grad_norm);
+  if (result.skipped) {
+    result.clip_coef = 0.0;
+    ++skipped_;
+  } else {
+    result.clip_coef = max_grad_norm > 0 ? std::min(1.0, max_grad_norm / (result.grad_norm + 1e-6)) : 1.0;
+    ++step_;
+  }
+  result.step = step_;
+  return result;
+}
+
+void AdamW::zero_grad() {
+  for (torch::Tensor& p : params_) {
+    if (p.grad().defined()) p.mutable_grad().reset();
+  }
+}
+
+OptimizerState AdamW::state_dict() const {
+  OptimizerState state;
+  state.precision = optimizer_precision_name(options_.precision);
+  for (size_t i = 0; i < names_.size(); ++i) {
+    state.tensors.emplace_back("exp_avg." + names_[i], exp_avg_[i]);
+    state.tensors.emplace_back("exp_avg_sq." + names_[i], exp_avg_sq_[i]);
+    if (master_[i].defined()) state.tensors.emplace_back("master." + names_[i], master_[i]);
+  }
+  state.scalars["step"] = static_cast<double>(step_);
+  state.scalars["skipped_steps"] = static_cast<double>(skipped_);
+  state.scalars["beta1"] = options_.betas.first;
+  state.scalars["beta2"] = options_.betas.second;
+  state.scalars["eps"] = options_.eps;
+  state.scalars["weight_decay"] = options_.weight_decay;
+  return state;
+}
+
+void AdamW::load_state_dict(const OptimizerState& state) {
+  const std::string mine = optimizer_precision_name(options_.precision);
+  if (state.precision != mine) {
+    throw std::invalid_argument("adamw: load_state_dict: the checkpoint's optimizer precision is \"" + state.precision +
+                                "\", this run's is \"" + mine + "\"");
+  }
+  std::unordered_map<std::string, const torch::Tensor*> by_name;
+  for (const auto& [name, t] : state.tensors) by_name.emplace(name, &t);
+  const OptimizerState expected = state_dict();
+  for (const auto& [name, dst] : expected.tensors) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) throw std::invalid_argument("adamw: load_state_dict: missing tensor '" + name + "'");
+    const torch::Tensor& src = *it->second;
+    if (src.sizes() != dst.sizes() || src.scalar_type() != dst.scalar_type()) {
+      throw std::invalid_argument("adamw: load_state_dict: '" + name + "' is " +
+                                  std::string(c10::toString(src.scalar_type())) + " " + c10::str(src.sizes()) +
+                                  ", expected " + std::string(c10::toString(dst.scalar_type())) + " " +
+                                  c10::str(dst.sizes()));
+    }
+  }
+  if (by_name.size() != expected.tensors.size()) {
+    std::set<std::string> known;
+    for (const auto& entry : expected.tensors) known.insert(entry.first);
+    for (const auto& entry : state.tensors) {
+      if (!known.count(entry.first)) {
+        throw std::invalid_argument("adamw: load_state_dict: unexpected tensor '" + entry.first + "'");
+      }
+    }
+  }
+  for (const char* key : {"step", "skipped_steps"}) {
+    if (!state.scalars.count(key)) {
+      throw std::invalid_argument(std::string("adamw: load_state_dict: missing scalar '") + key + "'");
+    }
+  }
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, dst] : expected.tensors) {
+    torch::Tensor target = dst;  // shares storage with the live state
+    target.copy_(*by_name.at(name));
+  }
+  step_ = static_cast<int64_t>(state.scalars.at("step"));
+  skipped_ = static_cast<int64_t>(state.scalars.at("skipped_steps"));
+}
+
+}  // namespace vlatune::trainer

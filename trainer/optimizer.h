@@ -1,0 +1,110 @@
+// AdamW for the trainer: the fused multi-tensor kernel of kernels/adamw.* on CUDA (ATen reference on CPU),
+// global-norm clipping decided on the device, a non-finite guard, decay / no-decay parameter groups, and a
+// state that round-trips bit-exactly through a checkpoint.
+//
+// Defaults are openpi pi05_libero's (spec §9.1): betas (0.9, 0.95), eps 1e-8, weight decay 1e-10 applied to
+// every parameter (no mask), global-norm clipping at 1.0 before the update.
+//
+// One step reads the gradient norm back to the host once, after the update has been queued: the clip
+// coefficient min(1, max_norm / (norm + 1e-6)) is computed on the device and multiplied into the gradients inside
+// the kernel (no extra pass, no sync before the update), and a non-finite norm makes that coefficient NaN, which
+// the kernel reads as "write nothing". The host then sees the norm, reports the step as skipped and does not
+// advance the step count.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace vlatune::trainer {
+
+// Recipe `model_options.precision`.
+enum class OptimizerPrecision {
+  kBf16,        // "bf16": AdamW state in the parameters' own dtype (bf16 for the bf16 model, as openpi-PT's
+                // torch.optim.AdamW; fp32 for an fp32 model, e.g. the CPU tiny config)
+  kFp32Master,  // "fp32-master": fp32 master weights and fp32 state; the bf16 model is the rounded master
+};
+
+// "bf16" | "fp32-master"; anything else throws naming the accepted values.
+OptimizerPrecision parse_optimizer_precision(const std::string& name);
+const char* optimizer_precision_name(OptimizerPrecision precision);
+
+struct AdamWOptions {
+  double lr = 5e-5;  // the rate of step(max_grad_norm) without an explicit lr; the schedule normally passes one
+  std::pair<double, double> betas = {0.9, 0.95};
+  double eps = 1e-8;
+  double weight_decay = 1e-10;
+  OptimizerPrecision precision = OptimizerPrecision::kBf16;
+  // True for FQNs that get no weight decay (e.g. norms and biases). Empty: every parameter decays (openpi).
+  std::function<bool(const std::string& fqn)> no_decay;
+};
+
+struct StepResult {
+  double grad_norm = 0.0;  // global L2 norm of the gradients before clipping (NaN/inf when skipped)
+  double clip_coef = 1.0;  // min(1, max_norm / (norm + 1e-6)): the factor applied to the gradients
+  double lr = 0.0;
+  bool skipped = false;  // non-finite norm: nothing was updated, the step count did not advance
+  int64_t step = 0;      // updates applied so far (after this one)
+};
+
+// The optimizer's checkpointable state: named tensors (safetensors) and scalars (JSON).
+// Tensor names: "exp_avg.<fqn>", "exp_avg_sq.<fqn>", and with fp32 master weights "master.<fqn>".
+// Scalars: "step", "skipped_steps" (restored) and "beta1", "beta2", "eps", "weight_decay" (informative).
+struct OptimizerState {
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  std::map<std::string, double> scalars;
+  std::string precision;  // optimizer_precision_name()
+};
+
+class AdamW {
+ public:
+  // `named_params`: the trainable parameters (the optimizer updates these tensors in place), all on one device,
+  // fp32 or bf16, contiguous. Names must be unique.
+  AdamW(std::vector<std::pair<std::string, torch::Tensor>> named_params, AdamWOptions options = {});
+
+  // Clips to `max_grad_norm` (<= 0: no clipping) and applies one AdamW update at rate `lr`. A parameter without a
+  // gradient is updated with a zero gradient (as optax does for the zero gradients of dead parameters).
+  StepResult step(double lr, double max_grad_norm);
+  StepResult step(double max_grad_norm) { return step(options_.lr, max_grad_norm); }
+
+  // Sets every gradient to none (undefined), as torch's zero_grad(set_to_none=true).
+  void zero_grad();
+
+  // Live tensors (no copy): write or clone them before the next step.
+  OptimizerState state_dict() const;
+  // Restores a state_dict() of an optimizer over the same parameters and precision: every tensor must be
+  // present with the same shape and dtype (the error names it). The parameters themselves are the model's
+  // checkpoint.
+  void load_state_dict(const OptimizerState& state);
+
+  int64_t step_count() const { return step_; }
+  int64_t skipped_steps() const { return skipped_; }
+  const AdamWOptions& options() const { return options_; }
+  size_t size() const { return names_.size(); }
+  const std::string& name(size_t i) const { return names_[i]; }
+  bool decays(size_t i) const { return decay_[i]; }
+
+ private:
+  // Parameters updated by one adamw_step call: same weight decay, same dtype, same storage.
+  struct Group {
+    double weight_decay = 0.0;
+    std::vector<size_t> index;
+    std::vector<torch::Tensor> params, exp_avg, exp_avg_sq, master;  // master empty: no master weights
+  };
+
+  AdamWOptions options_;
+  std::vector<std::string> names_;
+  std::vector<torch::Tensor> params_;
+  std::vector<torch::Tensor> exp_avg_, exp_avg_sq_, master_;  // master_[i] undefined: no master for i
+  std::vector<bool> decay_;
+  std::vector<Group> groups_;
+  int64_t step_ = 0;
+  int64_t skipped_ = 0;
+};
+
+}  // namespace vlatune::trainer

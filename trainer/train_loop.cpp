@@ -1,0 +1,455 @@
+// The train loop. Reads top to bottom: setup, resume, the step loop, the end of the run.
+#include "trainer/train_loop.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "formats/json_error.h"
+#include "formats/json_io.h"
+#include "formats/metrics_jsonl.h"
+#include "formats/recipe.h"
+#include "formats/run_record.h"
+#include "model/pi05.h"
+#include "model/state_dict.h"
+#include "trainer/checkpoint.h"
+#include "trainer/data_source.h"
+#include "trainer/dataset.h"
+#include "trainer/ema.h"
+#include "trainer/environment.h"
+#include "trainer/file_util.h"
+#include "trainer/norm_stats.h"
+#include "trainer/optimizer.h"
+#include "trainer/recipe_apply.h"
+#include "trainer/schedule.h"
+
+namespace vlatune::trainer {
+
+namespace {
+
+constexpr const char* kTrainConfigSchema = "vlatune.train_config/1";
+
+// SIGINT/SIGTERM: finish the step in flight, write a checkpoint, exit cleanly.
+std::atomic<int> g_stop_signal{0};
+extern "C" void on_stop_signal(int sig) {
+  g_stop_signal.store(sig);
+}
+
+class SignalScope {
+ public:
+  SignalScope() {
+    g_stop_signal.store(0);
+    old_int_ = std::signal(SIGINT, on_stop_signal);
+    old_term_ = std::signal(SIGTERM, on_stop_signal);
+  }
+  ~SignalScope() {
+    std::signal(SIGINT, old_int_);
+    std::signal(SIGTERM, old_term_);
+  }
+
+ private:
+  void (*old_int_)(int) = SIG_DFL;
+  void (*old_term_)(int) = SIG_DFL;
+};
+
+torch::Device pick_device(const std::string& choice) {
+  if (choice == "cpu") return torch::kCPU;
+  if (choice == "cuda" || choice == "auto") {
+    if (torch::cuda::is_available()) return torch::Device(torch::kCUDA, 0);
+    if (choice == "cuda") throw TrainInputError("--device cuda: no CUDA device is visible");
+    return torch::kCPU;
+  }
+  throw TrainInputError("--device: unknown device '" + choice + "' (auto, cpu, cuda)");
+}
+
+// The options a run was started with, so that --resume continues with exactly the same settings.
+nlohmann::json options_to_json(const TrainOptions& o, int64_t batch, int64_t grad_accum, const std::string& precision,
+                               int64_t steps) {
+  return {{"schema", kTrainConfigSchema},
+          {"config", o.config},
+          {"data", o.data},
+          {"recipe", o.recipe_path},
+          {"init_weights", o.init_weights},
+          {"device", o.device},
+          {"batch", batch},
+          {"grad_accum", grad_accum},
+          {"precision", precision},
+          {"steps", steps},
+          {"lr", o.lr},
+          {"warmup_steps", o.warmup_steps},
+          {"decay_steps", o.decay_steps},
+          {"decay_lr", o.decay_lr.value_or(o.lr)},
+          {"clip_norm", o.clip_norm},
+          {"weight_decay", o.weight_decay},
+          {"beta1", o.beta1},
+          {"beta2", o.beta2},
+          {"eps", o.eps},
+          {"ema_decay", o.ema_decay},
+          {"loss_action_dim", o.loss_action_dim},
+          {"seed", o.seed},
+          {"timing_warmup", o.timing_warmup},
+          {"checkpoint_every", o.checkpoint_every},
+          {"keep_last", o.keep_last},
+          {"max_consecutive_nonfinite", o.max_consecutive_nonfinite},
+          {"workers", o.workers},
+          {"augment", o.augment}};
+}
+
+// Options for --resume: the saved ones, with a new --steps (to extend a run) and bookkeeping flags from the caller.
+TrainOptions options_from_json(const nlohmann::json& j, const TrainOptions& caller, const std::string& file) {
+  try {
+    if (j.at("schema") != kTrainConfigSchema)
+      throw formats::FormatError(file, "$.schema", "expected '" + std::string(kTrainConfigSchema) + "'");
+    TrainOptions o = caller;
+    o.config = j.at("config");
+    o.data = j.at("data");
+    o.recipe_path = j.at("recipe");
+    o.init_weights = j.at("init_weights");
+    o.device = j.at("device");
+    o.batch = j.at("batch").get<int64_t>();
+    o.grad_accum = j.at("grad_accum").get<int64_t>();
+    o.precision = j.at("precision").get<std::string>();
+    if (!caller.steps) o.steps = j.at("steps").get<int64_t>();
+    o.lr = j.at("lr");
+    o.warmup_steps = j.at("warmup_steps");
+    o.decay_steps = j.at("decay_steps");
+    o.decay_lr = j.at("decay_lr").get<double>();
+    o.clip_norm = j.at("clip_norm");
+    o.weight_decay = j.at("weight_decay");
+    o.beta1 = j.at("beta1");
+    o.beta2 = j.at("beta2");
+    o.eps = j.at("eps");
+    o.ema_decay = j.at("ema_decay");
+    o.loss_action_dim = j.at("loss_action_dim");
+    o.seed = j.at("seed");
+    o.timing_warmup = j.at("timing_warmup");
+    o.checkpoint_every = j.at("checkpoint_every");
+    o.keep_last = j.at("keep_last");
+    o.max_consecutive_nonfinite = j.at("max_consecutive_nonfinite");
+    o.workers = j.at("workers");
+    o.augment = j.at("augment");
+    return o;
+  } catch (const nlohmann::json::exception& e) {
+    throw formats::FormatError(file, "$", std::string("not a train_config written by vlatune: ") + e.what());
+  }
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto s = static_cast<int64_t>(seconds + 0.5);
+  std::ostringstream os;
+  if (s >= 3600)
+    os << s / 3600 << "h" << std::setw(2) << std::setfill('0') << (s % 3600) / 60 << "m";
+  else if (s >= 60)
+    os << s / 60 << "m" << std::setw(2) << std::setfill('0') << s % 60 << "s";
+  else
+    os << s << "s";
+  return os.str();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+TrainSummary run_training(const TrainOptions& caller_options, std::ostream& log) {
+  // ---- 1. Options: a new run, or the saved options of the run being resumed. ----
+  TrainOptions opt = caller_options;
+  const bool resuming = !caller_options.resume.empty();
+  std::string run_dir = resuming ? caller_options.resume : caller_options.out;
+  if (run_dir.empty()) throw TrainInputError("--out RUNDIR is required (or --resume RUNDIR)");
+  const std::string config_path = join_path(run_dir, "train_config.json");
+  if (resuming) {
+    if (!path_exists(config_path))
+      throw TrainInputError("--resume " + run_dir + ": no train_config.json there (not a vlatune run directory)");
+    opt = options_from_json(formats::read_json_file(config_path), caller_options, config_path);
+  } else if (path_exists(join_path(run_dir, "train_config.json"))) {
+    throw TrainInputError("--out " + run_dir + ": already holds a run; continue it with --resume " + run_dir +
+                          " or choose another directory");
+  }
+  if (!opt.steps || *opt.steps < 1) throw TrainInputError("--steps N (>= 1) is required for a new run");
+
+  const model::Pi05Config cfg = [&] {
+    try {
+      return model::Pi05Config::named(opt.config);
+    } catch (const std::invalid_argument& e) {
+      throw TrainInputError(std::string("--config: ") + e.what());
+    }
+  }();
+  const torch::Device device = pick_device(opt.device);
+  formats::Recipe recipe;
+  const std::string recipe_label = opt.recipe_path.empty() ? std::string("<default recipe>") : opt.recipe_path;
+  if (!opt.recipe_path.empty()) recipe = formats::read_recipe(opt.recipe_path);  // FormatError names the path
+  const int64_t batch = opt.batch.value_or(recipe.batch.micro_batch);
+  const int64_t grad_accum = opt.grad_accum.value_or(recipe.batch.grad_accum);
+  const std::string precision = opt.precision.value_or(formats::to_string(recipe.model_options.precision));
+  if (batch < 1 || grad_accum < 1) throw TrainInputError("--batch and grad_accum must be >= 1");
+  const OptimizerPrecision opt_precision = parse_optimizer_precision(precision);
+
+  // ---- 2. Model: parameters in bf16 on the GPU ("bf16" precision) or fp32 ("fp32-master" on the GPU: fp32
+  //      master weights in the optimizer, bf16 compute; the CPU tiny config computes in fp32 either way). ----
+  const bool cuda = device.is_cuda();
+  const torch::Dtype param_dtype =
+      cuda && opt_precision == OptimizerPrecision::kBf16 ? torch::kBFloat16 : torch::kFloat32;
+  model::Pi05 net(cfg, device, param_dtype);
+  model::init_weights(*net, opt.seed);
+  if (!opt.init_weights.empty() && !resuming) {
+    auto report = model::load_state_dict(*net, opt.init_weights, /*strict=*/false);
+    if (!report.missing.empty() || !report.shape_mismatched.empty())
+      throw TrainInputError("--init-weights: " + report.summary());
+    log << "init weights: " << report.summary() << "\n";
+  }
+  AppliedRecipe applied = apply_recipe(recipe, recipe_label, *net);
+  applied.forward.loss_action_dim = opt.loss_action_dim;
+  if (cuda && opt_precision == OptimizerPrecision::kFp32Master) applied.forward.compute_dtype = torch::kBFloat16;
+
+  // ---- 3. Data. ----
+  LoaderOptions loader;
+  loader.workers = opt.workers;
+  loader.augment = opt.augment;
+  if (applied.num_images) loader.slots = *applied.num_images;
+  std::unique_ptr<DataSource> source;
+  try {
+    source = open_data_source(opt.data, cfg, batch, opt.seed, device, loader);
+  } catch (const std::invalid_argument& e) {
+    throw TrainInputError(std::string("--data: ") + e.what());
+  }
+
+  // ---- 4. Optimizer, schedule, EMA. ----
+  std::vector<std::pair<std::string, torch::Tensor>> named_params;
+  for (const auto& item : net->named_parameters()) named_params.emplace_back(item.key(), item.value());
+  AdamWOptions adam;
+  adam.lr = opt.lr;
+  adam.betas = {opt.beta1, opt.beta2};
+  adam.eps = opt.eps;
+  adam.weight_decay = opt.weight_decay;
+  adam.precision = opt_precision;
+  AdamW optimizer(named_params, adam);
+  WarmupCosine schedule{opt.warmup_steps, opt.lr, opt.decay_steps, opt.decay_lr.value_or(opt.lr)};
+  try {
+    schedule.validate();
+  } catch (const std::invalid_argument& e) {
+    throw TrainInputError(e.what());
+  }
+  std::unique_ptr<Ema> ema;
+  if (opt.ema_decay > 0) ema = std::make_unique<Ema>(named_params, opt.ema_decay);
+
+  // ---- 5. Run directory: new, or resumed from its newest checkpoint. ----
+  int64_t first_step = 0;
+  std::vector<double> timing_step_ms, timing_loss, timing_grad_norm;
+  int64_t skipped_total = 0;
+  make_directories(run_dir);
+  if (resuming) {
+    auto latest = latest_checkpoint(run_dir);
+    if (!latest) throw TrainInputError("--resume " + run_dir + ": no checkpoint to resume from");
+    CheckpointContents ck = read_checkpoint(*latest, *net);
+    optimizer.load_state_dict(ck.optimizer);
+    if (ema) ema->load_state(ck.ema);
+    first_step = ck.next_step;
+    skipped_total = ck.trainer_state.value("skipped_steps", int64_t{0});
+    const std::string fingerprint = ck.trainer_state.value("data_fingerprint", std::string());
+    if (fingerprint != source->position().fingerprint)
+      throw TrainInputError("--resume " + run_dir + ": the data differs from the run's (" + source->describe() + ")");
+    log << "resumed " << run_dir << " from " << *latest << " at step " << first_step << "\n";
+  }
+  formats::write_file_atomic(config_path,
+                             options_to_json(opt, batch, grad_accum, precision, *opt.steps).dump(2) + "\n");
+  if (!opt.recipe_path.empty()) formats::write_recipe(recipe, join_path(run_dir, "recipe.json"));
+  formats::MetricsWriter metrics =
+      resuming ? formats::MetricsWriter::resume(join_path(run_dir, "metrics.jsonl"), first_step - 1)
+               : formats::MetricsWriter::create(join_path(run_dir, "metrics.jsonl"));
+
+  const int64_t total_steps = *opt.steps;
+  const int64_t samples_per_step = batch * grad_accum;
+  log << "vlatune train: " << opt.config << " Pi0.5 on " << device << ", " << source->describe() << ", batch " << batch
+      << " x " << grad_accum << ", precision " << precision << ", steps " << first_step << ".." << total_steps
+      << ", recompute " << applied.recompute.size() << " module(s), run dir " << run_dir << "\n";
+
+  auto write_ck = [&](int64_t next_step) {
+    CheckpointContents ck;
+    ck.next_step = next_step;
+    ck.optimizer = optimizer.state_dict();
+    if (ema) ck.ema = ema->state();
+    ck.trainer_state = {{"skipped_steps", skipped_total},
+                        {"data_fingerprint", source->position().fingerprint},
+                        {"seed", opt.seed},
+                        {"lr_next", schedule.lr(next_step)}};
+    return write_checkpoint(run_dir, *net, ck, opt.keep_last);
+  };
+
+  // ---- 6. The step loop. ----
+  SignalScope signals;
+  const bool bar = opt.progress_bar.value_or(::isatty(STDERR_FILENO) == 1);
+  int64_t consecutive_nonfinite = 0;
+  double peak_gib = 0.0;
+  int64_t step = first_step;
+  const auto loop_start = std::chrono::steady_clock::now();
+  for (; step < total_steps && g_stop_signal.load() == 0; ++step) {
+    reset_peak_allocated(device);
+    const auto t0 = std::chrono::steady_clock::now();
+    double wait_ms = 0.0, loss_sum = 0.0;
+    try {
+      for (int64_t micro = 0; micro < grad_accum; ++micro) {
+        double wait = 0.0;
+        model::Pi05Batch b = source->next(step * grad_accum + micro, &wait);
+        wait_ms += wait;
+        auto out = net->forward(b, applied.forward);
+        torch::Tensor loss = grad_accum > 1 ? out.loss / static_cast<double>(grad_accum) : out.loss;
+        loss.backward();
+        loss_sum += out.loss.detach().to(torch::kFloat64).item<double>();  // per-step sync: the loss is logged
+      }
+    } catch (const c10::OutOfMemoryError& e) {
+      if (step == first_step)
+        throw std::runtime_error("out of GPU memory in the first step at micro-batch " + std::to_string(batch) +
+                                 ": run `vlatune profile` and `vlatune plan --memory-budget GiB` to choose what to "
+                                 "recompute and which micro-batch fits, or pass a smaller --batch");
+      throw;
+    }
+    net->fill_missing_grads();
+    const double lr = schedule.lr(step);
+    StepResult res = optimizer.step(lr, opt.clip_norm);
+    optimizer.zero_grad();
+    if (!res.skipped && ema) ema->update();
+    if (cuda) torch::cuda::synchronize();
+    const double step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double loss = loss_sum / static_cast<double>(grad_accum);
+    const bool nonfinite = res.skipped || !std::isfinite(loss);
+    const double step_peak = peak_allocated_gib(device);
+    peak_gib = std::max(peak_gib, step_peak);
+    const double samples_per_s = samples_per_step / (step_ms / 1e3);
+
+    formats::MetricsRow row;
+    row.step = step;
+    row.loss = loss;
+    row.grad_norm = res.grad_norm;
+    row.lr = lr;
+    row.samples_per_s = samples_per_s;
+    row.step_ms = step_ms;
+    row.data_wait_ms = wait_ms;
+    row.peak_gib = step_peak;
+    row.skipped = nonfinite;
+    metrics.append(row);
+    if (step - first_step >= opt.timing_warmup) {
+      timing_step_ms.push_back(step_ms);
+      timing_loss.push_back(loss);
+      timing_grad_norm.push_back(res.grad_norm);
+    }
+
+    // Guards: a non-finite loss or gradient norm skips the update (the optimizer wrote nothing).
+    if (nonfinite) {
+      ++skipped_total;
+      ++consecutive_nonfinite;
+      log << "step " << step << ": non-finite " << (std::isfinite(loss) ? "gradient norm" : "loss")
+          << ", update skipped (" << consecutive_nonfinite << " in a row)\n";
+      if (consecutive_nonfinite >= opt.max_consecutive_nonfinite)
+        throw std::runtime_error("stopping: " + std::to_string(consecutive_nonfinite) +
+                                 " consecutive steps with a non-finite loss or gradient norm (last at step " +
+                                 std::to_string(step) + "); lower --lr or check the data's normalization");
+    } else {
+      consecutive_nonfinite = 0;
+    }
+
+    // Progress: a bar with rate and ETA on a terminal, one plain line per log_every steps otherwise.
+    const double elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count();
+    const double eta_s =
+        elapsed_s / static_cast<double>(step - first_step + 1) * static_cast<double>(total_steps - step - 1);
+    if (bar) {
+      const int width = 30;
+      const int filled = static_cast<int>(width * (step + 1) / total_steps);
+      std::ostringstream os;
+      os << "\r[" << std::string(filled, '#') << std::string(width - filled, '.') << "] " << step + 1 << "/"
+         << total_steps << " loss " << std::setprecision(4) << loss << " " << std::fixed << std::setprecision(1)
+         << samples_per_s << " samples/s ETA " << format_duration(eta_s) << "   ";
+      std::cerr << os.str() << std::flush;
+    } else if (opt.log_every > 0 && (step % opt.log_every == 0 || step + 1 == total_steps)) {
+      log << "step " << step + 1 << "/" << total_steps << " | loss " << std::setprecision(6) << loss << " | gnorm "
+          << std::setprecision(4) << res.grad_norm << " | lr " << std::scientific << std::setprecision(2) << lr
+          << std::defaultfloat << " | " << std::fixed << std::setprecision(1) << step_ms << " ms | " << samples_per_s
+          << " samples/s | wait " << wait_ms << " ms | peak " << std::setprecision(2) << step_peak << " GiB | ETA "
+          << format_duration(eta_s) << std::defaultfloat << "\n";
+    }
+
+    if (opt.checkpoint_every > 0 && (step + 1) % opt.checkpoint_every == 0 && step + 1 < total_steps)
+      write_ck(step + 1);
+  }
+  if (bar) std::cerr << "\n";
+
+  // ---- 7. End of run: checkpoint, final weights (EMA when on), norm stats, run.json. ----
+  TrainSummary summary;
+  summary.run_dir = run_dir;
+  summary.first_step = first_step;
+  summary.last_step = step;
+  summary.skipped_steps = skipped_total;
+  summary.interrupted = g_stop_signal.load() != 0;
+  summary.peak_gib = peak_gib;
+  const std::string ck_dir = write_ck(step);
+  if (summary.interrupted) {
+    log << "interrupted by signal " << g_stop_signal.load() << " after step " << step << "; checkpoint " << ck_dir
+        << "; continue with: vlatune train --resume " << run_dir << "\n";
+  }
+
+  const std::string final_dir = join_path(run_dir, "final");
+  make_directories(final_dir);
+  if (ema) {
+    // The EMA weights are what openpi saves for inference: swap them in, save, swap back.
+    std::vector<std::pair<std::string, torch::Tensor>> live;
+    for (const auto& [name, t] : named_params) live.emplace_back(name, t.detach().clone());
+    ema->apply_to_params();
+    model::save_state_dict(*net, join_path(final_dir, "model.safetensors"), {{"format", "pt"}, {"weights", "ema"}});
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < live.size(); ++i) named_params[i].second.copy_(live[i].second);
+  } else {
+    model::save_state_dict(*net, join_path(final_dir, "model.safetensors"), {{"format", "pt"}, {"weights", "last"}});
+  }
+  if (opt.data != "synthetic") {
+    auto dataset = Dataset::open(opt.data);
+    // openpi's assets layout: {"norm_stats": {"actions": {"q01", "q99"}, "state": {...}}}.
+    const NormStats& norm = dataset->manifest().norm;
+    nlohmann::json stats = {
+        {"norm_stats",
+         {{"actions", quantile_stats_to_json(norm.actions)}, {"state", quantile_stats_to_json(norm.state)}}}};
+    formats::write_file_atomic(join_path(final_dir, "norm_stats.json"), stats.dump(2) + "\n");
+  }
+
+  formats::RunRecord run;
+  run.schema = formats::kRunSchema;
+  run.steps = step;
+  run.warmup_steps = std::min<int64_t>(opt.timing_warmup, step - first_step);
+  run.skipped_steps = skipped_total;
+  run.batch = samples_per_step;
+  run.seed = static_cast<int64_t>(opt.seed);
+  run.data = opt.data;
+  run.step_ms = timing_step_ms;
+  run.loss = timing_loss;
+  run.grad_norm = timing_grad_norm;
+  if (!timing_step_ms.empty()) {
+    summary.samples_per_s_median = samples_per_step / (median(timing_step_ms) / 1e3);
+    run.samples_per_s_median = summary.samples_per_s_median;
+  }
+  if (cuda) run.peak_gib = peak_gib;
+  run.environment = capture_environment(device, opt.config, formats::recipe_hash(recipe), 1);
+  formats::write_run_record(run, join_path(run_dir, "run.json"));
+  log << "done: steps " << first_step << ".." << step << ", median ";
+  if (timing_step_ms.empty())
+    log << "n/a (no step after the " << opt.timing_warmup << " timing warm-up steps)";
+  else
+    log << std::fixed << std::setprecision(2) << summary.samples_per_s_median << " samples/s" << std::defaultfloat;
+  if (cuda) log << ", peak " << std::fixed << std::setprecision(2) << peak_gib << " GiB" << std::defaultfloat;
+  log << ", skipped " << skipped_total << "; " << join_path(run_dir, "run.json") << "\n";
+  return summary;
+}
+
+}  // namespace vlatune::trainer
