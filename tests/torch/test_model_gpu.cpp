@@ -21,8 +21,12 @@ TEST_CASE("The tiny model gives the same loss and gradients on the GPU as on the
   at::globalContext().setAllowTF32CuDNN(false);
   const auto cfg = Pi05Config::tiny();
   Pi05 cpu(cfg, torch::kCPU, torch::kFloat32), gpu(cfg, torch::kCUDA, torch::kFloat32);
-  init_weights(*cpu, 7);
-  init_weights(*gpu, 7);
+  init_weights(*cpu, 7);  // init draws from the parameters' device generator: copy, do not re-draw on the GPU
+  {
+    torch::NoGradGuard no_grad;
+    auto src = cpu->named_parameters();
+    for (auto& item : gpu->named_parameters()) item.value().copy_(src[item.key()]);
+  }
   torch::Generator gen = at::detail::createCPUGenerator(3);
   auto batch = make_random_batch(cfg, 4, 3, 2, 24, 3, 20, 10, &gen, torch::kCPU);
   Pi05Batch batch_gpu = batch;
