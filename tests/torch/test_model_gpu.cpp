@@ -43,7 +43,18 @@ TEST_CASE("The tiny model gives the same loss and gradients on the GPU as on the
   auto pc = cpu->named_parameters(), pg = gpu->named_parameters();
   for (const auto& item : pc) {
     INFO(item.key());
-    CHECK(rel_err(pg[item.key()].grad(), item.value().grad()) < 1e-4);
+    const std::string& name = item.key();
+    const std::string suffix = "self_attn.k_proj.bias";
+    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      // A key bias adds the same logit to every key of a query row: softmax ignores it, so its exact gradient is
+      // zero and both devices hold rounding noise. Check that it is noise next to the key weight's gradient.
+      const auto weight = name.substr(0, name.size() - 4) + "weight";
+      const double scale = pc[weight].grad().norm().item<double>();
+      CHECK(pg[name].grad().norm().item<double>() < 1e-4 * scale);
+      CHECK(item.value().grad().norm().item<double>() < 1e-4 * scale);
+      continue;
+    }
+    CHECK(rel_err(pg[name].grad(), item.value().grad()) < 1e-4);
   }
 }
 
