@@ -3,35 +3,16 @@
 // path run on the GPU) and torch's own fused kernel (at::_fused_adamw_, what torch.optim.AdamW(fused=True) runs),
 // plus the fused global norm. bf16 parameters, gradients and state ("bf16" precision). GPU time from CUDA events.
 //   vlatune_bench --benchmark_filter='adamw|grad_norm' --benchmark_repetitions=10 --benchmark_format=json
-#include <benchmark/benchmark.h>
-#include <torch/torch.h>
-#ifdef VLATUNE_HAVE_CUDA
-#include <ATen/cuda/CUDAEvent.h>
-#include <c10/cuda/CUDAStream.h>
-#endif
-
 #include <vector>
 
+#include "bench/gpu_timing.h"
 #include "kernels/adamw_ops.h"
 
 namespace {
 
+using vlatune::bench::require_cuda;
 #ifdef VLATUNE_HAVE_CUDA
-// Times `body` with CUDA events on the current stream; reports GPU seconds to Google Benchmark.
-template <typename Body>
-void run_gpu_timed(benchmark::State& state, Body&& body) {
-  at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
-  body();  // warm-up (allocator, first launch)
-  torch::cuda::synchronize();
-  for (auto _ : state) {
-    auto stream = c10::cuda::getCurrentCUDAStream();
-    start.record(stream);
-    body();
-    stop.record(stream);
-    stop.synchronize();
-    state.SetIterationTime(start.elapsed_time(stop) / 1e3);
-  }
-}
+using vlatune::bench::run_gpu_timed;
 
 // Pi0.5's trainable parameters (openpi: everything trains): SigLIP So400m/14 (27 layers), the projector,
 // Gemma 2B (18 layers, with the 257152-token embedding), the Gemma 300M action expert with adaRMS, the heads.
@@ -106,12 +87,6 @@ void set_counters(benchmark::State& state, const Lists& l) {
   state.counters["tensors"] = static_cast<double>(l.p.size());
 }
 #endif
-
-bool require_cuda(benchmark::State& state) {
-  if (torch::cuda::is_available()) return true;
-  state.SkipWithError("no CUDA device");
-  return false;
-}
 
 void BM_adamw_step_fused(benchmark::State& state) {
   if (!require_cuda(state)) return;

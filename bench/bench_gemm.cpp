@@ -1,37 +1,16 @@
 // The ceilings every other number is read against: dense bf16 GEMM TFLOP/s and device copy GB/s, measured
 // in the same run (H200.md: use measured ceilings, not datasheet ones). GPU time from CUDA events.
-#include <benchmark/benchmark.h>
-#include <torch/torch.h>
-#ifdef VLATUNE_HAVE_CUDA
-#include <ATen/cuda/CUDAEvent.h>
-#include <c10/cuda/CUDAStream.h>
-#endif
+#include "bench/gpu_timing.h"
 
 namespace {
 
+using vlatune::bench::require_cuda;
 #ifdef VLATUNE_HAVE_CUDA
-// Times `body` with CUDA events on the current stream; reports GPU seconds to Google Benchmark.
-template <typename Body>
-void run_gpu_timed(benchmark::State& state, Body&& body) {
-  at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
-  body();  // warm-up (cuBLAS heuristics, allocator)
-  torch::cuda::synchronize();
-  for (auto _ : state) {
-    auto stream = c10::cuda::getCurrentCUDAStream();
-    start.record(stream);
-    body();
-    stop.record(stream);
-    stop.synchronize();
-    state.SetIterationTime(start.elapsed_time(stop) / 1e3);
-  }
-}
+using vlatune::bench::run_gpu_timed;
 #endif
 
 void BM_gemm_bf16(benchmark::State& state) {
-  if (!torch::cuda::is_available()) {
-    state.SkipWithError("no CUDA device");
-    return;
-  }
+  if (!require_cuda(state)) return;
 #ifdef VLATUNE_HAVE_CUDA
   const int64_t m = state.range(0), k = state.range(1), n = state.range(2);
   auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
@@ -49,10 +28,7 @@ BENCHMARK(BM_gemm_bf16)
     ->Unit(benchmark::kMillisecond);
 
 void BM_copy_device(benchmark::State& state) {
-  if (!torch::cuda::is_available()) {
-    state.SkipWithError("no CUDA device");
-    return;
-  }
+  if (!require_cuda(state)) return;
 #ifdef VLATUNE_HAVE_CUDA
   const int64_t bytes = state.range(0) << 20;
   auto src = torch::empty({bytes}, torch::TensorOptions().device(torch::kCUDA).dtype(torch::kUInt8));

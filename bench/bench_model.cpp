@@ -2,16 +2,13 @@
 // 3 camera slots of which 2 are real (the empty one is pruned), prompts of 20..199 real tokens padded to 200,
 // 50-step chunks, bf16 parameters and activations, the exact shortcuts on. Variants: what is recomputed.
 // GPU time from CUDA events; peak memory from the caching allocator (counter peak_GiB); samples/s counter.
-#include <benchmark/benchmark.h>
-#include <torch/torch.h>
 #ifdef VLATUNE_HAVE_CUDA
-#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAStream.h>
 #endif
 
 #include <memory>
 
+#include "bench/gpu_timing.h"
 #include "model/pi05.h"
 
 namespace {
@@ -41,10 +38,7 @@ std::vector<std::string> vision_layer_fqns(const vlatune::model::Pi05Config& cfg
 // range(0): batch; range(1): 0 = nothing recomputed, 1 = every SigLIP layer recomputed (the setting of the
 // reference's SDPA and compiled runs, so the two compare directly).
 void BM_pi05_step_fwd_bwd_bf16(benchmark::State& state) {
-  if (!torch::cuda::is_available()) {
-    state.SkipWithError("no CUDA device");
-    return;
-  }
+  if (!vlatune::bench::require_cuda(state)) return;
 #ifdef VLATUNE_HAVE_CUDA
   const int64_t batch = state.range(0);
   Pi05& net = full_model();
@@ -58,18 +52,8 @@ void BM_pi05_step_fwd_bwd_bf16(benchmark::State& state) {
     net->fill_missing_grads();
     for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();  // zero_grad(set_to_none)
   };
-  step();  // warm-up: cuBLAS heuristics, allocator growth
-  torch::cuda::synchronize();
   c10::cuda::CUDACachingAllocator::resetPeakStats(0);
-  at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
-  for (auto _ : state) {
-    auto stream = c10::cuda::getCurrentCUDAStream();
-    start.record(stream);
-    step();
-    stop.record(stream);
-    stop.synchronize();
-    state.SetIterationTime(start.elapsed_time(stop) / 1e3);
-  }
+  vlatune::bench::run_gpu_timed(state, step);
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
   const auto peak = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
   state.counters["peak_GiB"] = static_cast<double>(peak) / (1ull << 30);

@@ -9,6 +9,7 @@
 #include "model/batch_io.h"
 #include "model/pi05.h"
 #include "model/state_dict.h"
+#include "trainer/synthetic.h"
 
 namespace vlatune::cli {
 
@@ -26,7 +27,7 @@ struct ModelBatchOptions {
   int64_t slots = 3;
   int64_t cameras = 2;
   int64_t text_len = 200;
-  std::pair<int64_t, int64_t> prompt_len{20, 199};
+  std::string prompt_len = "20:199";
   int64_t horizon = 50;
   uint64_t seed = 0;
   std::string out;
@@ -46,14 +47,19 @@ static int run_model_init(const ModelInitOptions& o, Context& ctx) {
 
 static int run_model_batch(const ModelBatchOptions& o, Context& ctx) {
   const auto cfg = model::Pi05Config::named(o.config);
-  if (o.prompt_len.first > o.prompt_len.second || o.prompt_len.second > o.text_len)
-    throw BadInput("--prompt-len " + std::to_string(o.prompt_len.first) + ":" + std::to_string(o.prompt_len.second) +
-                   ": need MIN <= MAX <= --text-len (" + std::to_string(o.text_len) + ")");
+  std::pair<int64_t, int64_t> prompt;
+  try {
+    prompt = trainer::parse_prompt_range(o.prompt_len);
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(std::string("--prompt-len: ") + e.what());
+  }
+  if (prompt.second > o.text_len)
+    throw BadInput("--prompt-len " + o.prompt_len + ": MAX exceeds --text-len (" + std::to_string(o.text_len) + ")");
   if (o.cameras > o.slots)
     throw BadInput("--cameras " + std::to_string(o.cameras) + " exceeds --slots " + std::to_string(o.slots));
   torch::Generator gen = at::detail::createCPUGenerator(o.seed);
-  auto batch = model::make_random_batch(cfg, o.batch, o.slots, o.cameras, o.text_len, o.prompt_len.first,
-                                        o.prompt_len.second, o.horizon, &gen, torch::kCPU);
+  auto batch = model::make_random_batch(cfg, o.batch, o.slots, o.cameras, o.text_len, prompt.first, prompt.second,
+                                        o.horizon, &gen, torch::kCPU);
   model::write_batch(o.out, batch);
   ctx.out << "{\"out\": \"" << o.out << "\"}\n";
   return kExitOk;
@@ -81,7 +87,7 @@ void setup_model(CLI::App& app, Context& ctx) {
   batch->add_option("--cameras", batch_opts->cameras, "Valid cameras (the rest are empty slots)")
       ->check(CLI::Range(0, 16));
   batch->add_option("--text-len", batch_opts->text_len, "Padded prompt length")->check(CLI::Range(1, 4096));
-  batch->add_option("--prompt-len", batch_opts->prompt_len, "MIN MAX real prompt tokens")->delimiter(':')->expected(2);
+  batch->add_option("--prompt-len", batch_opts->prompt_len, "MIN:MAX real prompt tokens (padded to --text-len)");
   batch->add_option("--horizon", batch_opts->horizon, "Action chunk length")->check(CLI::Range(1, 4096));
   batch->add_option("--seed", batch_opts->seed, "Random seed");
   batch->add_option("--out", batch_opts->out, "Batch file (.safetensors)")->required();

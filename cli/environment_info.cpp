@@ -8,6 +8,8 @@
 
 #include "cli/cli.h"
 #include "kernels/device_probe.h"
+#include "profiler/cupti_api.h"
+#include "trainer/nccl_info.h"
 
 namespace vlatune::cli {
 
@@ -16,6 +18,7 @@ std::string version_text() {
   os << "vlatune " << VLATUNE_VERSION << " (commit " << VLATUNE_GIT_COMMIT << ")\n";
   os << "LibTorch " << VLATUNE_TORCH_VERSION << "\n";
   os << "CUDA support: " << (kernels::cuda_kernels_built() ? "built (sm_90 kernels)" : "not built") << "\n";
+  os << profiler::cupti_version_text() << "; " << trainer::nccl_version_text() << "\n";
   os << "GPU: ";
   if (torch::cuda::is_available()) {
 #ifdef VLATUNE_HAVE_CUDA

@@ -57,16 +57,30 @@ endif()
 # warning, a CMAKE_CUDA_ARCHITECTURES left set).
 set(Python_EXECUTABLE "${VLATUNE_PYTHON}")
 unset(CMAKE_CUDA_ARCHITECTURES)
+# The wheel's CUDA libraries (cuBLAS, CUPTI, NCCL, NVRTC, ...) live in site-packages/nvidia/*/lib; torch's own
+# libraries find them through their RPATH. We link the same copies, NVRTC included (torch's CMake would take the
+# toolkit's), so one process never holds two copies and the runtime search path has one consistent order.
+file(GLOB _nvidia_lib_dirs LIST_DIRECTORIES true "${VLATUNE_SITE_PACKAGES}/nvidia/*/lib")
+set(VLATUNE_NVIDIA_LIB_DIRS ${_nvidia_lib_dirs})
+if(VLATUNE_HAVE_CUDA)
+  # Point the toolkit's imported CUDA:: targets (which torch's CMake links) at the wheel's copies.
+  foreach(_lib cudart nvrtc cublas cublasLt cufft curand cusolver cusparse cupti nvJitLink)
+    file(GLOB _wheel_lib "${VLATUNE_SITE_PACKAGES}/nvidia/*/lib/lib${_lib}.so.[0-9]*")
+    list(FILTER _wheel_lib EXCLUDE REGEX "alt\\.so")
+    if(TARGET CUDA::${_lib} AND _wheel_lib)
+      list(GET _wheel_lib 0 _wheel_lib)
+      set_target_properties(CUDA::${_lib} PROPERTIES IMPORTED_LOCATION "${_wheel_lib}")
+    endif()
+  endforeach()
+  find_library(CUDA_NVRTC_LIB NAMES libnvrtc.so.13 nvrtc PATHS ${VLATUNE_NVIDIA_LIB_DIRS} NO_DEFAULT_PATH)
+endif()
 find_package(Torch REQUIRED)
 if(VLATUNE_HAVE_CUDA)
   set(CMAKE_CUDA_ARCHITECTURES OFF)  # -gencode comes from torch's CMAKE_CUDA_FLAGS (sm_90 only)
 endif()
 message(STATUS "vlatune: CUDA kernels/CUPTI/NVTX/NCCL: ${VLATUNE_HAVE_CUDA}")
 
-# The wheel's CUDA libraries (cuBLAS, CUPTI, NCCL, ...) live in site-packages/nvidia/*/lib; torch's own
-# libraries find them through their RPATH, the linker needs to be told.
-file(GLOB _nvidia_lib_dirs LIST_DIRECTORIES true "${VLATUNE_SITE_PACKAGES}/nvidia/*/lib")
-set(VLATUNE_NVIDIA_LIB_DIRS ${_nvidia_lib_dirs})
+# The linker resolves torch's own dependencies in the wheel's library folders too.
 
 # One interface target every torch-tier target links: torch, its flags, our rpaths, CUDA definitions.
 add_library(vlatune_torch INTERFACE)
@@ -93,3 +107,35 @@ function(vlatune_use_torch_pch target)
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-fpch-preprocess>)
   endif()
 endfunction()
+
+# CUPTI and NCCL: the copies inside the torch wheel (torch loads these; one process must never hold two).
+# NVTX 3 is header-only (nvtx3/ in the CUDA toolkit).
+if(VLATUNE_HAVE_CUDA)
+  find_library(VLATUNE_CUPTI_LIBRARY NAMES libcupti.so.13 cupti PATHS ${VLATUNE_NVIDIA_LIB_DIRS} NO_DEFAULT_PATH)
+  find_path(VLATUNE_CUPTI_INCLUDE cupti.h
+            PATHS "${VLATUNE_SITE_PACKAGES}/nvidia/cu13/include" "${CUDAToolkit_INCLUDE_DIRS}"
+                  "${CUDAToolkit_LIBRARY_ROOT}/extras/CUPTI/include" NO_DEFAULT_PATH)
+  find_library(VLATUNE_NCCL_LIBRARY NAMES libnccl.so.2 nccl PATHS ${VLATUNE_NVIDIA_LIB_DIRS} NO_DEFAULT_PATH)
+  find_path(VLATUNE_NCCL_INCLUDE nccl.h PATHS "${VLATUNE_SITE_PACKAGES}/nvidia/nccl/include"
+            "${CUDAToolkit_INCLUDE_DIRS}" NO_DEFAULT_PATH)
+  foreach(_v VLATUNE_CUPTI_LIBRARY VLATUNE_CUPTI_INCLUDE VLATUNE_NCCL_LIBRARY VLATUNE_NCCL_INCLUDE)
+    if(NOT ${_v})
+      message(FATAL_ERROR "vlatune: ${_v} not found in the torch wheel (${VLATUNE_SITE_PACKAGES}/nvidia) or the "
+                          "CUDA toolkit; configure with -DVLATUNE_CUDA=OFF to build without CUDA")
+    endif()
+  endforeach()
+  find_library(VLATUNE_CUDART_LIBRARY NAMES libcudart.so.13 cudart PATHS ${VLATUNE_NVIDIA_LIB_DIRS} NO_DEFAULT_PATH)
+  if(NOT VLATUNE_CUDART_LIBRARY)
+    set(VLATUNE_CUDART_LIBRARY CUDA::cudart)
+  endif()
+  add_library(vlatune_cudart INTERFACE)   # the CUDA runtime torch loads, with the toolkit's headers
+  target_include_directories(vlatune_cudart INTERFACE ${CUDAToolkit_INCLUDE_DIRS})
+  target_link_libraries(vlatune_cudart INTERFACE "${VLATUNE_CUDART_LIBRARY}")
+  add_library(vlatune_cupti INTERFACE)
+  target_include_directories(vlatune_cupti INTERFACE "${VLATUNE_CUPTI_INCLUDE}")
+  target_link_libraries(vlatune_cupti INTERFACE "${VLATUNE_CUPTI_LIBRARY}" vlatune_cudart)
+  add_library(vlatune_nccl INTERFACE)
+  target_include_directories(vlatune_nccl INTERFACE "${VLATUNE_NCCL_INCLUDE}")
+  target_link_libraries(vlatune_nccl INTERFACE "${VLATUNE_NCCL_LIBRARY}")
+  message(STATUS "vlatune: CUPTI ${VLATUNE_CUPTI_LIBRARY}, NCCL ${VLATUNE_NCCL_LIBRARY}")
+endif()

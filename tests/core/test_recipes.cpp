@@ -10,7 +10,7 @@
 using namespace vlatune::formats;
 
 TEST_CASE("Every shipped recipe parses", "[recipes][recipe]") {
-  const std::string dir = std::string(VLATUNE_SOURCE_DIR) + "/recipes";
+  const std::string dir = std::string(VLATUNE_RECIPES_DIR);
   int parsed = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     if (entry.path().extension() != ".json") continue;
@@ -22,12 +22,12 @@ TEST_CASE("Every shipped recipe parses", "[recipes][recipe]") {
 }
 
 TEST_CASE("The shipped defaults recipe is exactly the default recipe", "[recipes][recipe]") {
-  const Recipe r = read_recipe(std::string(VLATUNE_SOURCE_DIR) + "/recipes/pi05_libero_defaults.json");
+  const Recipe r = read_recipe(std::string(VLATUNE_RECIPES_DIR) + "/pi05_libero_defaults.json");
   CHECK(r == Recipe{});
 }
 
 TEST_CASE("The recipes README example parses", "[recipes][recipe]") {
-  const std::string path = std::string(VLATUNE_SOURCE_DIR) + "/recipes/README.md";
+  const std::string path = std::string(VLATUNE_RECIPES_DIR) + "/README.md";
   const std::string text = read_text_file(path);
   const std::string marker = "## Example";
   const size_t section = text.find(marker);

@@ -6,9 +6,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "formats/json_error.h"
 #include "formats/metrics_jsonl.h"
@@ -164,4 +168,77 @@ TEST_CASE("Recipe keys are applied, and features not built yet are refused with 
   auto run = vlatune::formats::read_run_record(base + "/run-good/run.json");
   CHECK(run.batch == 3);
   CHECK(log.str().find("recompute 2 module(s)") != std::string::npos);
+}
+
+TEST_CASE("Non-finite steps are skipped, counted, and too many in a row stop the run", "[train]") {
+  std::ostringstream log;
+  auto o = tiny_options(fresh_dir("nonfinite"), 50);
+  o.lr = 1e30;  // the first update sends the weights to ~1e30: every later forward overflows
+  o.warmup_steps = 0;
+  o.decay_lr = 1e30;
+  o.max_consecutive_nonfinite = 3;
+  REQUIRE_THROWS_WITH(vlatune::trainer::run_training(o, log), Catch::Contains("3 consecutive steps with a non-finite"));
+  CHECK(log.str().find("update skipped") != std::string::npos);
+  auto rows = vlatune::formats::read_metrics(o.out + "/metrics.jsonl");
+  REQUIRE(rows.size() >= 4);
+  CHECK_FALSE(rows.front().skipped);
+  CHECK(rows.back().skipped);
+}
+
+TEST_CASE("SIGINT finishes the step, writes a checkpoint, and the run resumes from it", "[train]") {
+  std::ostringstream log;
+  auto o = tiny_options(fresh_dir("sigint"), 100000);
+  o.checkpoint_every = 0;
+  const std::string metrics = o.out + "/metrics.jsonl";
+  // Signal only once steps are running (the handler is installed before the first step): never kill the tests.
+  std::thread interrupter([&metrics] {
+    for (int i = 0; i < 6000; ++i) {
+      std::ifstream f(metrics);
+      int lines = 0;
+      for (std::string line; std::getline(f, line);) ++lines;
+      if (lines >= 3) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::raise(SIGINT);
+  });
+  auto s = vlatune::trainer::run_training(o, log);
+  interrupter.join();
+  CHECK(s.interrupted);
+  REQUIRE(s.last_step >= 2);
+  REQUIRE(s.last_step < 100000);
+  auto latest = vlatune::trainer::latest_checkpoint(o.out);
+  REQUIRE(latest);
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(s.last_step));
+  CHECK(latest->find(name) != std::string::npos);
+  CHECK(log.str().find("--resume") != std::string::npos);
+
+  TrainOptions again;
+  again.resume = o.out;
+  again.steps = s.last_step + 2;
+  again.progress_bar = false;
+  auto r = vlatune::trainer::run_training(again, log);
+  CHECK(r.first_step == s.last_step);
+  CHECK(r.last_step == s.last_step + 2);
+  CHECK(vlatune::formats::read_metrics(metrics).size() == static_cast<size_t>(s.last_step + 2));
+}
+
+TEST_CASE("--init-weights starts from a checkpoint written under the openpi names", "[train]") {
+  std::ostringstream log;
+  const std::string a = fresh_dir("source");
+  vlatune::trainer::run_training(tiny_options(a, 1), log);
+  auto o = tiny_options(fresh_dir("init"), 1);
+  o.init_weights = a + "/final/model.safetensors";
+  o.lr = 0.0;  // no update: the final weights are the loaded ones
+  o.decay_lr = 0.0;
+  o.weight_decay = 0.0;
+  o.ema_decay = 0.0;
+  vlatune::trainer::run_training(o, log);
+  CHECK(log.str().find("init weights: ") != std::string::npos);
+  auto src = load_all(a + "/final/model.safetensors"), dst = load_all(o.out + "/final/model.safetensors");
+  REQUIRE(src.size() == dst.size());
+  for (const auto& [name, t] : src) {
+    INFO(name);
+    CHECK(torch::equal(t, dst[name]));
+  }
 }
