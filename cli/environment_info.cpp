@@ -9,13 +9,14 @@
 #include "cli/cli.h"
 #include "kernels/device_probe.h"
 #include "profiler/cupti_api.h"
+#include "trainer/environment.h"
 #include "trainer/nccl_info.h"
 
 namespace vlatune::cli {
 
 std::string version_text() {
   std::ostringstream os;
-  os << "vlatune " << VLATUNE_VERSION << " (commit " << VLATUNE_GIT_COMMIT << ")\n";
+  os << "vlatune " << VLATUNE_VERSION << " (commit " << trainer::vlatune_commit() << ")\n";
   os << "LibTorch " << VLATUNE_TORCH_VERSION << "\n";
   os << "CUDA support: " << (kernels::cuda_kernels_built() ? "built (sm_90 kernels)" : "not built") << "\n";
   os << profiler::cupti_version_text() << "; " << trainer::nccl_version_text() << "\n";

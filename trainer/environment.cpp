@@ -27,10 +27,6 @@ std::string nvidia_driver_version() {
 }
 }  // namespace
 
-const char* vlatune_commit() {
-  return VLATUNE_GIT_COMMIT;
-}
-
 formats::Environment capture_environment(torch::Device device, const std::string& config,
                                          const std::string& recipe_hash, int world_size) {
   formats::Environment env;

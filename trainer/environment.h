@@ -15,7 +15,8 @@ namespace vlatune::trainer {
 formats::Environment capture_environment(torch::Device device, const std::string& config,
                                          const std::string& recipe_hash, int world_size);
 
-// The vlatune commit this binary was configured from ("unknown" outside a git checkout).
+// The vlatune commit this binary was configured from ("unknown" outside a git checkout); defined in the
+// generated build_info.cpp (trainer/build_info.cpp.in).
 const char* vlatune_commit();
 
 // Peak bytes the caching allocator handed out on `device` since the last reset, in GiB (0 on the CPU).

@@ -378,8 +378,9 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& log)
       log << "step " << step + 1 << "/" << total_steps << " | loss " << std::setprecision(6) << loss << " | gnorm "
           << std::setprecision(4) << res.grad_norm << " | lr " << std::scientific << std::setprecision(2) << lr
           << std::defaultfloat << " | " << std::fixed << std::setprecision(1) << step_ms << " ms | " << samples_per_s
-          << " samples/s | wait " << wait_ms << " ms | peak " << std::setprecision(2) << step_peak << " GiB | ETA "
-          << format_duration(eta_s) << std::defaultfloat << "\n";
+          << " samples/s | wait " << wait_ms << " ms";
+      if (cuda) log << " | peak " << std::setprecision(2) << step_peak << " GiB";
+      log << " | ETA " << format_duration(eta_s) << std::defaultfloat << "\n";
     }
 
     if (opt.checkpoint_every > 0 && (step + 1) % opt.checkpoint_every == 0 && step + 1 < total_steps)
