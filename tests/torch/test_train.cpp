@@ -242,3 +242,19 @@ TEST_CASE("--init-weights starts from a checkpoint written under the openpi name
     CHECK(torch::equal(t, dst[name]));
   }
 }
+
+TEST_CASE("Gradient accumulation runs micro-batches per optimizer step and counts their samples", "[train]") {
+  std::ostringstream log;
+  auto o = tiny_options(fresh_dir("accum"), 3);
+  o.grad_accum = 3;
+  vlatune::trainer::run_training(o, log);
+  auto run = vlatune::formats::read_run_record(o.out + "/run.json");
+  CHECK(run.batch == 6);  // batch 2 x 3 micro-batches
+  auto rows = vlatune::formats::read_metrics(o.out + "/metrics.jsonl");
+  REQUIRE(rows.size() == 3);
+  for (const auto& row : rows) {
+    CHECK(std::isfinite(row.loss));
+    CHECK(row.samples_per_s == Approx(6.0 / (row.step_ms / 1e3)).epsilon(1e-9));
+  }
+  CHECK(log.str().find("batch 2 x 3") != std::string::npos);
+}
