@@ -1,6 +1,8 @@
 // Shared JSON plumbing: file errors, syntax positions, duplicate keys, strict typed access, atomic writes.
 #include <catch2/catch.hpp>
 
+#include "temp_dir.h"
+
 #include <stdlib.h>
 #include <sys/stat.h>
 
@@ -15,17 +17,9 @@
 using namespace vlatune::formats;
 using nlohmann::json;
 
-namespace {
+using vlatune::test::TempDir;
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "vlatune_json_io_XXXXXX").string();
-    path = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
+namespace {
 
 std::string json_path_of(const std::string& text) {
   try {
@@ -88,7 +82,7 @@ TEST_CASE("Unknown keys are rejected with the allowed keys and a spelling hint",
 }
 
 TEST_CASE("An atomic write replaces the file and leaves no temporary behind", "[formats][json_io]") {
-  TempDir dir;
+  TempDir dir("json_io");
   const std::string path = dir.file("out.json");
   write_file_atomic(path, "first\n");
   write_file_atomic(path, "second\n");

@@ -1,6 +1,8 @@
 // metrics.jsonl: header, per-line validation reported as file:LINE: $.field, appending writer, resume.
 #include <catch2/catch.hpp>
 
+#include "temp_dir.h"
+
 #include <stdlib.h>
 
 #include <cmath>
@@ -24,19 +26,11 @@ std::ostream& operator<<(std::ostream& os, const MetricsRow& r) {
 }
 }  // namespace vlatune::formats
 
+using vlatune::test::TempDir;
+
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "vlatune_metrics_XXXXXX").string();
-    path = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
 
 MetricsRow row_at(int64_t step) {
   MetricsRow r;
@@ -76,7 +70,7 @@ FormatError error_of(const std::string& text) {
 }  // namespace
 
 TEST_CASE("Metrics rows written one by one read back equal, with a header first", "[formats][metrics]") {
-  TempDir dir;
+  TempDir dir("metrics");
   const std::string path = dir.file("metrics.jsonl");
   std::vector<MetricsRow> rows = {row_at(0), row_at(1), row_at(3)};
   rows[1].loss = kNaN;
@@ -102,7 +96,7 @@ TEST_CASE("Metrics rows written one by one read back equal, with a header first"
 }
 
 TEST_CASE("write_metrics and read_metrics round-trip, including an empty run", "[formats][metrics]") {
-  TempDir dir;
+  TempDir dir("metrics");
   const std::string path = dir.file("m.jsonl");
   write_metrics({}, path);
   CHECK(read_text_file(path) == kHeader);
@@ -182,7 +176,7 @@ TEST_CASE("Reading a missing metrics file names the file", "[formats][metrics]")
 }
 
 TEST_CASE("The metrics writer refuses rows that would make the file unreadable", "[formats][metrics]") {
-  TempDir dir;
+  TempDir dir("metrics");
   const std::string path = dir.file("metrics.jsonl");
   MetricsWriter w = MetricsWriter::create(path);
   w.append(row_at(4));
@@ -195,7 +189,7 @@ TEST_CASE("The metrics writer refuses rows that would make the file unreadable",
 }
 
 TEST_CASE("Resuming metrics drops a torn last line and the rows after the checkpoint", "[formats][metrics]") {
-  TempDir dir;
+  TempDir dir("metrics");
   const std::string path = dir.file("metrics.jsonl");
   {
     MetricsWriter w = MetricsWriter::create(path);
@@ -214,7 +208,7 @@ TEST_CASE("Resuming metrics drops a torn last line and the rows after the checkp
 }
 
 TEST_CASE("Resuming an intact metrics file appends after its last row", "[formats][metrics]") {
-  TempDir dir;
+  TempDir dir("metrics");
   const std::string path = dir.file("metrics.jsonl");
   { MetricsWriter::create(path).append(row_at(0)); }
   {
@@ -227,7 +221,7 @@ TEST_CASE("Resuming an intact metrics file appends after its last row", "[format
 }
 
 TEST_CASE("Resuming a missing or corrupt metrics file is an error naming it", "[formats][metrics]") {
-  TempDir dir;
+  TempDir dir("metrics");
   CHECK_THROWS_WITH(MetricsWriter::resume(dir.file("none.jsonl"), 3), Catch::Contains("none.jsonl: cannot read"));
   const std::string path = dir.file("m.jsonl");
   std::ofstream(path) << kHeader << row_with("lr", "\"x\"") << "\n";

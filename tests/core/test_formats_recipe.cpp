@@ -1,6 +1,8 @@
 // recipe.json reader/writer: defaults, round trip, strict validation with file + JSON path, hash stability.
 #include <catch2/catch.hpp>
 
+#include "temp_dir.h"
+
 #include <stdlib.h>
 
 #include <filesystem>
@@ -14,17 +16,9 @@
 using namespace vlatune::formats;
 using nlohmann::json;
 
-namespace {
+using vlatune::test::TempDir;
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "vlatune_recipe_XXXXXX").string();
-    path = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
+namespace {
 
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream(path) << text;
@@ -111,7 +105,7 @@ TEST_CASE("The canonical JSON of the default recipe is DESIGN.md's schema block"
 }
 
 TEST_CASE("A recipe with every key set round-trips through a file", "[formats][recipe]") {
-  TempDir dir;
+  TempDir dir("recipe");
   const std::string path = dir.file("recipe.json");
   const Recipe r = full_recipe();
   write_recipe(r, path);
@@ -220,7 +214,7 @@ TEST_CASE("Recipe groups need a unique name and at least one module", "[formats]
 }
 
 TEST_CASE("Reading a recipe names the file for missing files, bad JSON and bad values", "[formats][recipe]") {
-  TempDir dir;
+  TempDir dir("recipe");
   CHECK_THROWS_WITH(read_recipe(dir.file("missing.json")), Catch::Contains("missing.json: cannot read"));
   const std::string bad = dir.file("bad.json");
   write_text(bad, "{\"batch\": {\"micro_batch\": 32,}}");
@@ -234,7 +228,7 @@ TEST_CASE("Reading a recipe names the file for missing files, bad JSON and bad v
 }
 
 TEST_CASE("Writing an invalid recipe is refused and leaves no file", "[formats][recipe]") {
-  TempDir dir;
+  TempDir dir("recipe");
   Recipe r;
   r.batch.micro_batch = 0;
   const std::string path = dir.file("r.json");

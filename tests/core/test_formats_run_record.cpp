@@ -1,6 +1,8 @@
 // run.json reader/writer: round trip (NaN losses included), strict validation with file + JSON path.
 #include <catch2/catch.hpp>
 
+#include "temp_dir.h"
+
 #include <stdlib.h>
 
 #include <cmath>
@@ -16,19 +18,11 @@
 using namespace vlatune::formats;
 using nlohmann::json;
 
+using vlatune::test::TempDir;
+
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "vlatune_run_XXXXXX").string();
-    path = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
 
 RunRecord sample_run() {
   RunRecord r;
@@ -80,7 +74,7 @@ json without(const std::string& parent, const std::string& key) {
 }  // namespace
 
 TEST_CASE("A run record round-trips through a file, non-finite losses as null", "[formats][run]") {
-  TempDir dir;
+  TempDir dir("run");
   const std::string path = dir.file("run.json");
   const RunRecord r = sample_run();
   write_run_record(r, path);
@@ -161,7 +155,7 @@ TEST_CASE("Bad run records are rejected with the file and JSON path", "[formats]
 }
 
 TEST_CASE("Reading a run record names the file for missing files and bad JSON", "[formats][run]") {
-  TempDir dir;
+  TempDir dir("run");
   CHECK_THROWS_WITH(read_run_record(dir.file("nope.json")), Catch::Contains("nope.json: cannot read"));
   const std::string path = dir.file("run.json");
   std::ofstream(path) << "{\"schema\": \"vlatune.run/1\"";
@@ -169,7 +163,7 @@ TEST_CASE("Reading a run record names the file for missing files and bad JSON", 
 }
 
 TEST_CASE("Writing a run record with a non-finite step time is refused", "[formats][run]") {
-  TempDir dir;
+  TempDir dir("run");
   RunRecord r = sample_run();
   r.step_ms[0] = std::numeric_limits<double>::infinity();
   const std::string path = dir.file("run.json");
