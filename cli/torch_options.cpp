@@ -1,17 +1,16 @@
 #include "cli/torch_options.h"
 
 #include "cli/cli.h"
+#include "trainer/environment.h"
 
 namespace vlatune::cli {
 
 torch::Device parse_device(const std::string& flag, const std::string& value) {
-  if (value == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
-  if (value == "cpu") return torch::kCPU;
-  if (value == "cuda") {
-    if (!torch::cuda::is_available()) throw BadInput(flag + " cuda: no CUDA device is visible");
-    return torch::kCUDA;
+  try {
+    return trainer::resolve_device(flag, value);
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(e.what());
   }
-  throw BadInput(flag + ": unknown device '" + value + "' (auto, cpu, cuda)");
 }
 
 torch::Dtype parse_dtype(const std::string& flag, const std::string& value) {

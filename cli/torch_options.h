@@ -7,7 +7,8 @@
 
 namespace vlatune::cli {
 
-// "auto" (CUDA when a GPU is visible, else CPU), "cpu" or "cuda". "cuda" without a GPU: BadInput.
+// trainer::resolve_device with its errors as BadInput: "auto" (cuda:0 when a GPU is visible, else CPU), "cpu"
+// or "cuda".
 torch::Device parse_device(const std::string& flag, const std::string& value);
 
 // "fp32" | "bf16" | "fp64".

@@ -3,6 +3,7 @@
 #include <cctype>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 
 #ifdef VLATUNE_HAVE_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -26,6 +27,16 @@ std::string nvidia_driver_version() {
   return {};
 }
 }  // namespace
+
+torch::Device resolve_device(const std::string& flag, const std::string& choice) {
+  if (choice == "cpu") return torch::kCPU;
+  if (choice == "cuda" || choice == "auto") {
+    if (torch::cuda::is_available()) return torch::Device(torch::kCUDA, 0);
+    if (choice == "cuda") throw std::invalid_argument(flag + " cuda: no CUDA device is visible");
+    return torch::kCPU;
+  }
+  throw std::invalid_argument(flag + ": unknown device '" + choice + "' (auto, cpu, cuda)");
+}
 
 formats::Environment capture_environment(torch::Device device, const std::string& config,
                                          const std::string& recipe_hash, int world_size) {

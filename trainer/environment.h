@@ -10,6 +10,10 @@
 
 namespace vlatune::trainer {
 
+// "auto" (the first GPU when one is visible, else the CPU), "cpu" or "cuda" (cuda:0). Throws
+// std::invalid_argument naming `flag` for an unknown value, or for "cuda" when no GPU is visible.
+torch::Device resolve_device(const std::string& flag, const std::string& choice);
+
 // GPU name, driver and CUDA runtime versions of `device` (nulls on the CPU), torch version, vlatune commit.
 // `config` and `recipe_hash` are the caller's.
 formats::Environment capture_environment(torch::Device device, const std::string& config,

@@ -61,16 +61,6 @@ class SignalScope {
   void (*old_term_)(int) = SIG_DFL;
 };
 
-torch::Device pick_device(const std::string& choice) {
-  if (choice == "cpu") return torch::kCPU;
-  if (choice == "cuda" || choice == "auto") {
-    if (torch::cuda::is_available()) return torch::Device(torch::kCUDA, 0);
-    if (choice == "cuda") throw TrainInputError("--device cuda: no CUDA device is visible");
-    return torch::kCPU;
-  }
-  throw TrainInputError("--device: unknown device '" + choice + "' (auto, cpu, cuda)");
-}
-
 // The options a run was started with, so that --resume continues with exactly the same settings.
 nlohmann::json options_to_json(const TrainOptions& o, int64_t batch, int64_t grad_accum, const std::string& precision,
                                int64_t steps) {
@@ -189,7 +179,13 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& log)
       throw TrainInputError(std::string("--config: ") + e.what());
     }
   }();
-  const torch::Device device = pick_device(opt.device);
+  const torch::Device device = [&] {
+    try {
+      return resolve_device("--device", opt.device);
+    } catch (const std::invalid_argument& e) {
+      throw TrainInputError(e.what());
+    }
+  }();
   formats::Recipe recipe;
   const std::string recipe_label = opt.recipe_path.empty() ? std::string("<default recipe>") : opt.recipe_path;
   if (!opt.recipe_path.empty()) recipe = formats::read_recipe(opt.recipe_path);  // FormatError names the path
