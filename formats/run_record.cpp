@@ -59,6 +59,8 @@ nlohmann::json optional_to_json(const std::optional<T>& v) {
   return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
 }
 
+}  // namespace
+
 Environment parse_environment(const JsonCursor& c) {
   c.expect_object({"gpu", "driver", "cuda", "torch", "vlatune_commit", "config", "recipe_hash", "world_size"});
   Environment e;
@@ -77,7 +79,16 @@ Environment parse_environment(const JsonCursor& c) {
   return e;
 }
 
-}  // namespace
+nlohmann::json environment_to_json(const Environment& e) {
+  return {{"gpu", optional_to_json(e.gpu)},
+          {"driver", optional_to_json(e.driver)},
+          {"cuda", optional_to_json(e.cuda)},
+          {"torch", e.torch},
+          {"vlatune_commit", optional_to_json(e.vlatune_commit)},
+          {"config", e.config},
+          {"recipe_hash", e.recipe_hash},
+          {"world_size", e.world_size}};
+}
 
 bool operator==(const Environment& a, const Environment& b) {
   return environment_differences(a, b).empty();
@@ -164,7 +175,6 @@ RunRecord read_run_record(const std::string& path) {
 }
 
 nlohmann::json run_record_to_json(const RunRecord& r) {
-  const Environment& e = r.environment;
   return {
       {"schema", r.schema},
       {"steps", r.steps},
@@ -179,15 +189,7 @@ nlohmann::json run_record_to_json(const RunRecord& r) {
        {{"step_ms", series_to_json(r.step_ms)},
         {"loss", series_to_json(r.loss)},
         {"grad_norm", series_to_json(r.grad_norm)}}},
-      {"environment",
-       {{"gpu", optional_to_json(e.gpu)},
-        {"driver", optional_to_json(e.driver)},
-        {"cuda", optional_to_json(e.cuda)},
-        {"torch", e.torch},
-        {"vlatune_commit", optional_to_json(e.vlatune_commit)},
-        {"config", e.config},
-        {"recipe_hash", e.recipe_hash},
-        {"world_size", e.world_size}}},
+      {"environment", environment_to_json(r.environment)},
   };
 }
 

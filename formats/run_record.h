@@ -72,6 +72,11 @@ bool operator==(const RunRecord& a, const RunRecord& b);
 // The names of the environment fields that differ ("gpu", "torch", ...), in declaration order; empty when equal.
 std::vector<std::string> environment_differences(const Environment& a, const Environment& b);
 
+// The environment object alone (run.json and profile.json share it); `c` points at it.
+class JsonCursor;
+Environment parse_environment(const JsonCursor& c);
+nlohmann::json environment_to_json(const Environment& e);
+
 RunRecord parse_run_record(const nlohmann::json& j, const std::string& file);
 RunRecord read_run_record(const std::string& path);
 nlohmann::json run_record_to_json(const RunRecord& run);

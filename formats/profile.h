@@ -1,0 +1,176 @@
+// profile.json: what `vlatune profile` measures and the only input of `vlatune plan` (and of report/check).
+//
+//   {"schema": "vlatune.profile/1",
+//    "environment": {... as run.json ...},
+//    "settings": {"device": "cuda", "tracer": "cupti", "data": "synthetic", "steps": 6, "warmup": 3,
+//                 "gpu_memory_gib": 139.8, "degraded": []},
+//    "recipe": {... the effective recipe profiled, canonical form (formats/recipe.h) ...},
+//    "batches": [ {batch profile at the requested batch}, {at a smaller batch} ],
+//    "gemms": [ ... ], "overhead": {...} | null, "communication": {...} | null}
+//
+// Units: times in ms per optimizer step (GPU kernel time when device is "cuda", host time of ATen ops inside
+// scopes when "cpu"), sizes in bytes (integers) or GiB (2^30 bytes, floating). Per-step figures are means over
+// the traced steps; `step_ms` is the median of untraced, timed steps.
+//
+// batches[i] (at least one; batches[0] is the requested batch, further ones are smaller, for extrapolation):
+//   batch             micro-batch profiled (>= 1)
+//   step_ms           median step time (ms > 0); step_ms_samples: the timed steps it came from (>= 1 entries)
+//   peak_gib          peak allocated device memory over the step (GiB; on CPU: null)
+//   memory            parameter/gradient/optimizer/activation bytes (activation = kept from the end of forward
+//                     to backward, all modules), peak GiB per phase ("forward", "backward", "optimizer"); null
+//                     values where not measurable (CPU)
+//   modules[]         one row per module FQN (openpi names) or pseudo-module "<optimizer>", "<loss>", "<data>",
+//                     "<comm>", "<other>"; times are INCLUSIVE of child modules (a parent's forward_ms includes
+//                     its children's), self_ms is the exclusive time over all phases; sum(self_ms) = attributed
+//                     GPU time. activation_bytes: allocator growth across the module's forward that is still
+//                     held when it returns (what recomputing it could free, plus its output); 0 for pseudo.
+//                     output_bytes: its output tensors; recomputing the module frees about
+//                     activation_bytes - output_bytes (the recompute A/B rows calibrate this).
+//                     recomputed: the profiled recipe recomputes it (then backward_ms includes no recompute;
+//                     recompute_ms holds the recomputed forward).
+//   kernels[]         per kernel name: calls and ms per step, category ("gemm", "attention", "elementwise",
+//                     "reduction", "optimizer", "memcpy", "memset", "communication", "other")
+//   attribution       fraction of GPU time inside some scope, the unattributed kernels by name, dropped records
+//   recompute[]       A/B measurements, one per candidate class: the same steps with the candidate's patterns
+//                     recomputed in addition to (or removed from) the profiled recipe's; step_ms_delta (ms, +
+//                     = slower), peak_gib_delta (GiB, - = less memory), ms_per_gib_saved (null when nothing saved)
+//
+// gemms[] (at batches[0].batch): one row per Linear FQN or merged GEMM (members = the Linear FQNs it covers;
+// name = members[0] for a plain Linear). (m, k, n): y[m, n] = x[m, k] W^T. bf16 and fp8 hold the three GEMMs'
+// median GPU times (forward, grad_input, grad_weight); fp8 = null when FP8 was not measured (e.g. CPU or a dim
+// not divisible by 16); quant_ms: the FP8 quantization cost per step for this GEMM as the trainer runs it.
+//
+// overhead: untraced vs traced median step time; fraction = traced / untraced - 1.
+// communication (multi-GPU only): measured all-reduce bandwidth and exposed communication per step.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "formats/recipe.h"
+#include "formats/run_record.h"
+
+namespace vlatune::formats {
+
+inline constexpr const char* kProfileSchema = "vlatune.profile/1";
+
+struct ProfileSettings {
+  std::string device = "cpu";  // "cuda" | "cpu"
+  std::string tracer = "cpu";  // "cupti" | "cpu" | "none" (tracing unavailable: times are whole steps only)
+  std::string data = "synthetic";
+  int64_t steps = 0;                     // traced steps per batch
+  int64_t warmup = 0;                    // untraced steps before them
+  std::optional<double> gpu_memory_gib;  // total memory of the device; null on CPU
+  std::vector<std::string> degraded;     // human-readable reasons the profile is less than complete
+};
+
+struct ModuleCost {
+  std::string fqn;   // openpi FQN, or a pseudo-module "<optimizer>", "<loss>", "<data>", "<comm>", "<other>"
+  std::string kind;  // module type ("Linear", "RMSNorm", "GemmaDecoderLayer", ...) or "pseudo"
+  double forward_ms = 0, backward_ms = 0, recompute_ms = 0;  // inclusive, per step
+  double self_ms = 0;                                        // exclusive, all phases, per step
+  int64_t kernels = 0;                                       // kernel launches per step, inclusive
+  int64_t activation_bytes = 0;                              // see above
+  int64_t output_bytes = 0;     // bytes of the forward's output tensors (kept by consumers even when recomputed)
+  int64_t parameter_bytes = 0;  // inclusive
+  bool recomputed = false;
+};
+
+struct KernelStat {
+  std::string name;
+  std::string category;  // see above
+  double calls = 0;      // per step (mean; may be fractional)
+  double ms = 0;         // per step
+};
+
+struct Attribution {
+  double gpu_ms = 0;               // all device activity per step
+  double attributed_fraction = 0;  // 0..1
+  int64_t dropped_records = 0;
+  std::vector<KernelStat> unattributed;  // by name, largest first
+};
+
+struct MemoryStats {
+  std::optional<int64_t> parameter_bytes, gradient_bytes, optimizer_bytes, activation_bytes;
+  std::map<std::string, double> peak_gib_by_phase;  // "forward" | "backward" | "optimizer"
+};
+
+struct RecomputeCandidate {
+  std::string name;                   // e.g. "vit_layers", "backbone_mlp", or the user's pattern
+  std::vector<std::string> patterns;  // FQN patterns (recipe syntax)
+  bool added = true;                  // true: recomputed on top of the profiled recipe; false: removed from it
+  double step_ms_delta = 0;           // candidate - baseline
+  double peak_gib_delta = 0;          // candidate - baseline
+  std::optional<double> ms_per_gib_saved;
+};
+
+struct BatchProfile {
+  int64_t batch = 1;
+  double step_ms = 0;
+  std::vector<double> step_ms_samples;
+  std::optional<double> peak_gib;
+  MemoryStats memory;
+  std::vector<ModuleCost> modules;
+  std::vector<KernelStat> kernels;
+  Attribution attribution;
+  std::vector<RecomputeCandidate> recompute;
+};
+
+struct GemmTimes {
+  double forward_ms = 0, grad_input_ms = 0, grad_weight_ms = 0;
+  double total() const { return forward_ms + grad_input_ms + grad_weight_ms; }
+};
+
+struct GemmEntry {
+  std::string name;
+  std::vector<std::string> members;  // >= 1 Linear FQNs
+  int64_t m = 0, k = 0, n = 0;
+  GemmTimes bf16;
+  std::optional<GemmTimes> fp8;
+  std::optional<double> quant_ms;
+  bool recomputed = false;  // its forward GEMM runs twice per step in the profiled recipe
+};
+
+struct Overhead {
+  double untraced_step_ms = 0, traced_step_ms = 0;
+  double fraction() const { return untraced_step_ms > 0 ? traced_step_ms / untraced_step_ms - 1 : 0; }
+};
+
+struct GroupComm {
+  std::string name;   // recipe group name
+  int64_t bytes = 0;  // gradient bytes reduced for the group
+  double allreduce_ms = 0;
+};
+
+struct Communication {
+  int world_size = 2;
+  double allreduce_gbps = 0;  // measured bus bandwidth (GB/s = 1e9 bytes/s)
+  double exposed_ms = 0;      // communication not overlapped by compute, per step
+  std::vector<GroupComm> groups;
+};
+
+struct Profile {
+  std::string schema = kProfileSchema;
+  Environment environment;
+  ProfileSettings settings;
+  Recipe recipe;
+  std::vector<BatchProfile> batches;
+  std::vector<GemmEntry> gemms;
+  std::optional<Overhead> overhead;
+  std::optional<Communication> communication;
+};
+
+// Validates and converts; errors are FormatError(file, json_path, reason). Beyond types: batches non-empty with
+// distinct batch sizes, batches[0] the largest; module FQNs unique per batch; fractions in 0..1; GEMM dims >= 1.
+Profile parse_profile(const nlohmann::json& j, const std::string& file);
+Profile read_profile(const std::string& path);
+nlohmann::json profile_to_json(const Profile& profile);
+// Validates (as the reader would) and writes atomically.
+void write_profile(const Profile& profile, const std::string& path);
+
+}  // namespace vlatune::formats

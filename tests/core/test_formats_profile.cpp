@@ -1,0 +1,185 @@
+// profile.json reader/writer: round trip, strict validation with file + JSON path (the tuner trusts what it reads).
+#include <catch2/catch.hpp>
+
+#include "temp_dir.h"
+
+#include <string>
+
+#include "formats/json_error.h"
+#include "formats/profile.h"
+
+using namespace vlatune::formats;
+using nlohmann::json;
+
+using vlatune::test::TempDir;
+
+namespace {
+
+BatchProfile sample_batch(int64_t batch) {
+  BatchProfile b;
+  b.batch = batch;
+  b.step_ms = 700.0 * static_cast<double>(batch) / 32.0;
+  b.step_ms_samples = {b.step_ms - 1, b.step_ms, b.step_ms + 2};
+  b.peak_gib = 70.5;
+  b.memory.parameter_bytes = 6706867744;
+  b.memory.gradient_bytes = 6706867744;
+  b.memory.optimizer_bytes = 13413735488;
+  b.memory.activation_bytes = int64_t{40} << 30;
+  b.memory.peak_gib_by_phase = {{"forward", 60.0}, {"backward", 70.5}, {"optimizer", 30.0}};
+  ModuleCost layer{"paligemma_with_expert.paligemma.model.language_model.layers.0",
+                   "GemmaDecoderLayer",
+                   10.0,
+                   20.0,
+                   0.0,
+                   1.0,
+                   40,
+                   int64_t{1} << 30,
+                   1 << 20,
+                   200000000,
+                   false};
+  ModuleCost mlp{"paligemma_with_expert.paligemma.model.language_model.layers.0.mlp",
+                 "GemmaMLP",
+                 6.0,
+                 12.0,
+                 0.0,
+                 0.5,
+                 12,
+                 int64_t{1} << 29,
+                 1 << 20,
+                 150000000,
+                 false};
+  ModuleCost optimizer{"<optimizer>", "pseudo", 0, 0, 0, 12.0, 30, 0, 0, 0, false};
+  b.modules = {layer, mlp, optimizer};
+  b.kernels = {{"nvjet_tst_128x256", "gemm", 400, 450.0}, {"vlatune_adamw", "optimizer", 30, 12.0}};
+  b.attribution.gpu_ms = 690;
+  b.attribution.attributed_fraction = 0.995;
+  b.attribution.dropped_records = 0;
+  b.attribution.unattributed = {{"at::native::fill_kernel", "memset", 3, 0.2}};
+  b.recompute = {
+      {"backbone_mlp", {"paligemma_with_expert.paligemma.model.language_model.layers.*.mlp"}, true, 40.0, -10.0, 4.0}};
+  return b;
+}
+
+Profile sample_profile() {
+  Profile p;
+  p.environment.gpu = "NVIDIA H200";
+  p.environment.driver = "580.95.05";
+  p.environment.cuda = "13.0";
+  p.environment.torch = "2.11.0+cu130";
+  p.environment.config = "full";
+  p.environment.recipe_hash = recipe_hash(Recipe{});
+  p.settings.device = "cuda";
+  p.settings.tracer = "cupti";
+  p.settings.steps = 4;
+  p.settings.warmup = 2;
+  p.settings.gpu_memory_gib = 139.8;
+  p.recipe.recompute.modules = {"paligemma_with_expert.paligemma.model.vision_tower.vision_model.encoder.layers.*"};
+  p.batches = {sample_batch(32), sample_batch(16)};
+  GemmEntry qkv;
+  qkv.name = "paligemma_with_expert.paligemma.model.language_model.layers.0.self_attn.qkv";
+  qkv.members = {"paligemma_with_expert.paligemma.model.language_model.layers.0.self_attn.q_proj",
+                 "paligemma_with_expert.paligemma.model.language_model.layers.0.self_attn.k_proj",
+                 "paligemma_with_expert.paligemma.model.language_model.layers.0.self_attn.v_proj"};
+  qkv.m = 32 * 712;
+  qkv.k = 2048;
+  qkv.n = 2560;
+  qkv.bf16 = {0.5, 0.5, 0.6};
+  qkv.fp8 = GemmTimes{0.3, 0.3, 0.35};
+  qkv.quant_ms = 0.05;
+  GemmEntry action;
+  action.name = action.members.emplace_back("action_out_proj");
+  action.m = 32 * 50;
+  action.k = 1024;
+  action.n = 32;
+  action.bf16 = {0.01, 0.01, 0.01};
+  p.gemms = {qkv, action};
+  p.overhead = Overhead{700.0, 712.0};
+  return p;
+}
+
+FormatError error_of(const json& j) {
+  try {
+    parse_profile(j, "profile.json");
+  } catch (const FormatError& e) {
+    return e;
+  }
+  FAIL("accepted: " << j.dump());
+  throw;  // unreachable
+}
+
+}  // namespace
+
+TEST_CASE("profile.json round-trips through the writer and the reader", "[formats][profile]") {
+  TempDir dir("profile");
+  const Profile p = sample_profile();
+  const std::string path = dir.file("profile.json");
+  write_profile(p, path);
+  const Profile back = read_profile(path);
+  CHECK(profile_to_json(back) == profile_to_json(p));
+  REQUIRE(back.batches.size() == 2);
+  CHECK(back.batches[0].modules[1].activation_bytes == int64_t{1} << 29);
+  CHECK(back.gemms[0].members.size() == 3);
+  CHECK_FALSE(back.gemms[1].fp8.has_value());
+  CHECK(back.overhead->fraction() == Approx(712.0 / 700.0 - 1));
+  CHECK(back.recipe.recompute.modules == p.recipe.recompute.modules);
+}
+
+TEST_CASE("profile.json reader rejects bad input with the JSON path", "[formats][profile]") {
+  const json good = profile_to_json(sample_profile());
+  REQUIRE_NOTHROW(parse_profile(good, "profile.json"));
+
+  auto with = [&](const json::json_pointer& ptr, const json& value) {
+    json j = good;
+    j[ptr] = value;
+    return j;
+  };
+  struct Case {
+    json doc;
+    std::string path;
+    std::string reason_part;
+  };
+  json no_batches = good;
+  no_batches["batches"] = json::array();
+  json dup_module = good;
+  dup_module["batches"][0]["modules"][1]["fqn"] = dup_module["batches"][0]["modules"][0]["fqn"];
+  json small_first = good;
+  std::swap(small_first["batches"][0], small_first["batches"][1]);
+  json dup_batch = good;
+  dup_batch["batches"][1]["batch"] = 32;
+  json extra = good;
+  extra["gemms"][0]["bogus"] = 1;
+  const std::vector<Case> cases = {
+      {with("/schema"_json_pointer, "vlatune.profile/2"), "$.schema", "vlatune.profile/1"},
+      {no_batches, "$.batches", "at least one"},
+      {dup_module, "$.batches[0].modules[1].fqn", "listed twice"},
+      {small_first, "$.batches[1].batch", "larger than batches[0]"},
+      {dup_batch, "$.batches[1].batch", "profiled twice"},
+      {extra, "$.gemms[0].bogus", "unknown key"},
+      {with("/batches/0/step_ms"_json_pointer, 0.0), "$.batches[0].step_ms", "> 0"},
+      {with("/batches/0/step_ms_samples"_json_pointer, json::array()), "$.batches[0].step_ms_samples", "at least one"},
+      {with("/batches/0/attribution/attributed_fraction"_json_pointer, 1.5),
+       "$.batches[0].attribution.attributed_fraction", "0..1"},
+      {with("/batches/0/kernels/0/category"_json_pointer, "matmul"), "$.batches[0].kernels[0].category", "gemm"},
+      {with("/batches/0/modules/0/activation_bytes"_json_pointer, -1), "$.batches[0].modules[0].activation_bytes",
+       ">= 0"},
+      {with("/gemms/0/m"_json_pointer, 0), "$.gemms[0].m", ">= 1"},
+      {with("/gemms/0/members"_json_pointer, json::array()), "$.gemms[0].members", "non-empty"},
+      {with("/settings/tracer"_json_pointer, "nsys"), "$.settings.tracer", "cupti"},
+      {with("/recipe/batch/micro_batch"_json_pointer, 0), "$.recipe.batch.micro_batch", "1"},
+      {with("/environment/recipe_hash"_json_pointer, "xyz"), "$.environment.recipe_hash", "16 lowercase hex"},
+      {with("/batches/0/recompute/0/patterns"_json_pointer, json::array()), "$.batches[0].recompute[0].patterns",
+       "non-empty"},
+  };
+  for (const auto& c : cases) {
+    INFO("expected error at " << c.path);
+    const FormatError e = error_of(c.doc);
+    CHECK(e.file() == "profile.json");
+    CHECK(e.json_path() == c.path);
+    CHECK_THAT(e.reason(), Catch::Contains(c.reason_part));
+  }
+}
+
+TEST_CASE("read_profile names the file when it is missing or not JSON", "[formats][profile]") {
+  TempDir dir("profile");
+  CHECK_THROWS_WITH(read_profile(dir.file("absent.json")), Catch::Contains("absent.json"));
+}
