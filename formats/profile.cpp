@@ -259,7 +259,8 @@ nlohmann::json batch_to_json(const BatchProfile& b) {
 
 Profile parse_profile(const nlohmann::json& j, const std::string& file) {
   const JsonCursor root(j, file);
-  root.expect_object({"schema", "environment", "settings", "recipe", "batches", "gemms", "overhead", "communication"});
+  root.expect_object(
+      {"schema", "environment", "settings", "recipe", "recomputable", "batches", "gemms", "overhead", "communication"});
   Profile p;
   const JsonCursor schema = root.at("schema");
   p.schema = schema.get_string();
@@ -276,6 +277,7 @@ Profile parse_profile(const nlohmann::json& j, const std::string& file) {
     throw FormatError(file, "$.recipe" + inner, e.reason());
   }
 
+  p.recomputable = parse_string_list(root.at("recomputable"), false);
   const JsonCursor batches = root.at("batches");
   const size_t nb = batches.expect_array();
   if (nb == 0) batches.fail("expected at least one profiled batch size");
@@ -361,6 +363,7 @@ nlohmann::json profile_to_json(const Profile& p) {
             {"gpu_memory_gib", optional_to_json(s.gpu_memory_gib)},
             {"degraded", s.degraded}}},
           {"recipe", recipe_to_json(p.recipe)},
+          {"recomputable", p.recomputable},
           {"batches", batches},
           {"gemms", gemms},
           {"overhead", overhead},

@@ -5,6 +5,7 @@
 //    "settings": {"device": "cuda", "tracer": "cupti", "data": "synthetic", "steps": 6, "warmup": 3,
 //                 "gpu_memory_gib": 139.8, "degraded": []},
 //    "recipe": {... the effective recipe profiled, canonical form (formats/recipe.h) ...},
+//    "recomputable": ["...vision_tower", "...encoder.layers.0", ...],
 //    "batches": [ {batch profile at the requested batch}, {at a smaller batch} ],
 //    "gemms": [ ... ], "overhead": {...} | null, "communication": {...} | null}
 //
@@ -159,6 +160,10 @@ struct Profile {
   Environment environment;
   ProfileSettings settings;
   Recipe recipe;
+  // FQNs the trainer can recompute (recipe.recompute.modules may name these; nothing else). For Pi0.5 the joint
+  // units use the backbone's names: `...language_model.layers.i` recomputes both branches of joint layer i and
+  // `...language_model.layers.i.self_attn` the joint attention of both; MLPs are per branch.
+  std::vector<std::string> recomputable;
   std::vector<BatchProfile> batches;
   std::vector<GemmEntry> gemms;
   std::optional<Overhead> overhead;

@@ -74,6 +74,8 @@ Profile sample_profile() {
   p.settings.warmup = 2;
   p.settings.gpu_memory_gib = 139.8;
   p.recipe.recompute.modules = {"paligemma_with_expert.paligemma.model.vision_tower.vision_model.encoder.layers.*"};
+  p.recomputable = {"paligemma_with_expert.paligemma.model.language_model.layers.0",
+                    "paligemma_with_expert.paligemma.model.language_model.layers.0.mlp"};
   p.batches = {sample_batch(32), sample_batch(16)};
   GemmEntry qkv;
   qkv.name = "paligemma_with_expert.paligemma.model.language_model.layers.0.self_attn.qkv";
@@ -163,6 +165,7 @@ TEST_CASE("profile.json reader rejects bad input with the JSON path", "[formats]
       {with("/batches/0/modules/0/activation_bytes"_json_pointer, -1), "$.batches[0].modules[0].activation_bytes",
        ">= 0"},
       {with("/gemms/0/m"_json_pointer, 0), "$.gemms[0].m", ">= 1"},
+      {with("/recomputable/1"_json_pointer, ""), "$.recomputable[1]", "non-empty"},
       {with("/gemms/0/members"_json_pointer, json::array()), "$.gemms[0].members", "non-empty"},
       {with("/settings/tracer"_json_pointer, "nsys"), "$.settings.tracer", "cupti"},
       {with("/recipe/batch/micro_batch"_json_pointer, 0), "$.recipe.batch.micro_batch", "1"},
