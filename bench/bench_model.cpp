@@ -36,7 +36,8 @@ std::vector<std::string> vision_layer_fqns(const vlatune::model::Pi05Config& cfg
 #endif
 
 // range(0): batch; range(1): 0 = nothing recomputed, 1 = every SigLIP layer recomputed (the setting of the
-// reference's SDPA and compiled runs, so the two compare directly).
+// reference's SDPA and compiled runs, so the two compare directly); range(2): 1 = fused kernels and merged GEMMs
+// (ForwardOptions::kernels kAuto, the default), 0 = the unfused reference modules.
 void BM_pi05_step_fwd_bwd_bf16(benchmark::State& state) {
   if (!vlatune::bench::require_cuda(state)) return;
 #ifdef VLATUNE_HAVE_CUDA
@@ -46,8 +47,10 @@ void BM_pi05_step_fwd_bwd_bf16(benchmark::State& state) {
   net->set_recompute(state.range(1) == 1 ? vision_layer_fqns(cfg) : std::vector<std::string>{});
   torch::Generator gen = at::detail::createCPUGenerator(1);
   auto b = vlatune::model::make_random_batch(cfg, batch, 3, 2, 200, 20, 199, 50, &gen, torch::kCUDA);
+  vlatune::model::ForwardOptions options;
+  options.kernels = state.range(2) == 1 ? vlatune::model::Kernels::kAuto : vlatune::model::Kernels::kReference;
   auto step = [&] {
-    auto out = net->forward(b);
+    auto out = net->forward(b, options);
     out.loss.backward();
     net->fill_missing_grads();
     for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();  // zero_grad(set_to_none)
@@ -63,8 +66,10 @@ void BM_pi05_step_fwd_bwd_bf16(benchmark::State& state) {
 #endif
 }
 BENCHMARK(BM_pi05_step_fwd_bwd_bf16)
-    ->ArgNames({"batch", "recompute_vit"})
-    ->Args({32, 1})
+    ->ArgNames({"batch", "recompute_vit", "fused"})
+    ->Args({32, 1, 1})
+    ->Args({32, 1, 0})
+    ->Args({32, 0, 1})
     ->Iterations(3)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);

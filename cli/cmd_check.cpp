@@ -1,36 +1,82 @@
 // `vlatune check`: compare a run (or profile) against a baseline; exit non-zero on a real regression.
+// Exit codes: 0 pass, 1 performance regression, 2 numerics failure, 3 incomparable, 4 bad input. The rules live
+// in reports/check.h (documented in reports/README.md); this file reads flags and files and prints the verdict.
 #include <CLI/CLI.hpp>
 
 #include <memory>
 
 #include "cli/cli.h"
+#include "formats/json_error.h"
+#include "reports/check.h"
 
 namespace vlatune::cli {
 
-struct CheckOptions {
+namespace {
+
+struct CheckCliOptions {
   std::string baseline;
   std::string candidate;
-  double threshold_pct = 3.0;
-  bool numerics_only = false;
-  bool force = false;
+  reports::CheckOptions check;
+  bool update_baseline = false;
 };
 
-static int run_check(const CheckOptions&) {
-  throw Unavailable("check: not available yet: the regression gate arrives with the check/report issue");
+int run_check(const CheckCliOptions& o, Context& ctx) {
+  reports::CheckSubject baseline, candidate;
+  try {
+    baseline = reports::read_check_subject(o.baseline);
+    candidate = reports::read_check_subject(o.candidate);
+  } catch (const formats::FormatError& e) {
+    throw BadInput(e.what());
+  }
+  const reports::CheckResult result = reports::check(baseline, candidate, o.check);
+  ctx.out << reports::format_check(result, o.check);
+  if (o.update_baseline) {
+    if (reports::update_baseline_if_improved(result)) {
+      ctx.out << "baseline updated: " << result.baseline_file << " <- " << result.candidate_file << "\n";
+    } else {
+      ctx.out << "baseline kept: --update-baseline replaces it only on a pass with a significant improvement\n";
+    }
+  }
+  return reports::verdict_exit_code(result.verdict);
 }
 
+}  // namespace
+
 void setup_check(CLI::App& app, Context& ctx) {
-  auto opts = std::make_shared<CheckOptions>();
+  auto o = std::make_shared<CheckCliOptions>();
+  auto& c = o->check;
   auto* cmd = app.add_subcommand("check",
                                  "Compare a candidate run.json/profile.json against a baseline "
                                  "(exit 0 pass, 1 regression, 2 numerics, 3 incomparable, 4 bad input)");
-  cmd->add_option("--baseline", opts->baseline, "Baseline run.json or profile.json")->check(CLI::ExistingFile);
-  cmd->add_option("--candidate", opts->candidate, "Candidate run.json or profile.json")->check(CLI::ExistingFile);
-  cmd->add_option("--threshold", opts->threshold_pct, "Practical threshold on the median step time, %")
-      ->check(CLI::PositiveNumber);
-  cmd->add_flag("--numerics", opts->numerics_only, "Only the numerics gates (loss / grad-norm agreement)");
-  cmd->add_flag("--force", opts->force, "Compare even across different GPU, driver, CUDA, torch, batch, recipe");
-  cmd->callback([&ctx, opts] { ctx.action = [opts] { return run_check(*opts); }; });
+  cmd->add_option("--baseline,baseline", o->baseline, "Baseline run.json, run directory or profile.json")
+      ->required()
+      ->check(CLI::ExistingPath);
+  cmd->add_option("--candidate,candidate", o->candidate, "Candidate run.json, run directory or profile.json")
+      ->required()
+      ->check(CLI::ExistingPath);
+  cmd->add_option("--threshold", c.threshold_pct, "Practical threshold on the median step time, % (default 3)")
+      ->check(CLI::Range(0.0, 1000.0));
+  cmd->add_option("--alpha", c.alpha, "Significance level of the two-sided Mann-Whitney U test (default 0.05)")
+      ->check(CLI::Range(1e-9, 0.5));
+  cmd->add_option("--rtol", c.rtol_pct, "Per-step loss and grad-norm relative error, % (default 2)")
+      ->check(CLI::Range(0.0, 1000.0));
+  cmd->add_option("--pearson-min", c.pearson_min,
+                  "Runs sharing >= --long-run-steps steps: minimum Pearson correlation of the loss and grad-norm "
+                  "curves (default 0.999)")
+      ->check(CLI::Range(-1.0, 1.0));
+  cmd->add_option("--mre-max", c.mre_max_pct, "... and maximum mean relative error, % (default 1)")
+      ->check(CLI::Range(0.0, 1000.0));
+  cmd->add_option("--long-run-steps", c.long_run_steps,
+                  "Shared steps from which curves are gated by Pearson + mean relative error instead of per step "
+                  "(default 200)")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 40));
+  cmd->add_flag("--numerics", c.numerics_only,
+                "Only the numerics gates (NaN/skipped steps, loss and grad-norm agreement); runs may differ in "
+                "recipe, GPU and software, not in seed, data, batch or config");
+  cmd->add_flag("--force", c.force, "Compare even across different GPU, driver, CUDA, torch, batch or recipe");
+  cmd->add_flag("--update-baseline", o->update_baseline,
+                "Copy the candidate over the baseline when it passes with a significant improvement");
+  cmd->callback([&ctx, o] { ctx.action = [&ctx, o] { return run_check(*o, ctx); }; });
 }
 
 }  // namespace vlatune::cli

@@ -1,40 +1,110 @@
 // `vlatune plan`: profile.json -> recipe.json (recompute set, FP8 set, groups, micro-batch), explained.
+// Parses and wires only: the decisions live in tuner/planner.h, the grid files in tuner/grid.h.
 #include <CLI/CLI.hpp>
 
+#include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "cli/cli.h"
+#include "formats/json_error.h"
+#include "formats/profile.h"
+#include "formats/recipe.h"
+#include "tuner/grid.h"
+#include "tuner/planner.h"
 
 namespace vlatune::cli {
 
-struct PlanOptions {
-  std::string profile;
-  double memory_budget_gib = 0;
-  int world_size = 1;
-  std::string fp8 = "off";
-  std::string out;
+namespace {
+
+struct PlanCliOptions {
+  tuner::PlanOptions plan;
+  std::string profile, out, batch = "auto", fp8 = "off", grid_dir, compare_grid;
+  double memory_budget_gib = 0, allreduce_gbps = 0;
+  int grid = 0;
   bool explain = false;
 };
 
-static int run_plan(const PlanOptions&) {
-  throw Unavailable("plan: not available yet: the tuner arrives with the planning issue");
+int run_plan(PlanCliOptions& o, CLI::App& cmd, Context& ctx) {
+  try {
+    if (!o.compare_grid.empty()) {
+      ctx.out << tuner::compare_grid(o.compare_grid).text;
+      return kExitOk;
+    }
+    if (o.profile.empty() || o.out.empty()) throw BadInput("plan: --profile and --out are required");
+    if (o.grid > 0 && o.grid_dir.empty()) throw BadInput("--grid: needs --grid-dir DIR for the candidate recipes");
+    std::string path = o.profile;
+    if (std::filesystem::is_directory(path)) path = (std::filesystem::path(path) / "profile.json").string();
+    tuner::PlanOptions p = o.plan;
+    if (cmd.count("--memory-budget")) p.memory_budget_gib = o.memory_budget_gib;
+    if (cmd.count("--allreduce-gbps")) p.allreduce_gbps = o.allreduce_gbps;
+    if (o.batch != "auto") {
+      try {
+        size_t used = 0;
+        p.batch = std::stoll(o.batch, &used);
+        if (used != o.batch.size()) throw std::invalid_argument(o.batch);
+      } catch (const std::exception&) {
+        throw BadInput("--batch: expected a positive integer or 'auto', got '" + o.batch + "'");
+      }
+    }
+    p.fp8_auto = o.fp8 == "auto";
+    p.profile_label = path;
+    p.candidates = std::max(1, o.grid);
+
+    const formats::Profile profile = formats::read_profile(path);
+    const tuner::PlanResult result = tuner::plan(profile, path, p);
+    formats::write_recipe(result.recipe, o.out);
+    if (o.explain) ctx.out << tuner::format_explain(result);
+    ctx.out << "recipe: " << o.out << " (predicted " << result.predicted.step_ms << " ms, " << result.predicted.peak_gib
+            << " GiB, " << result.predicted.samples_per_s << " samples/s)\n";
+    if (o.grid > 0) {
+      const std::vector<std::string> paths = tuner::write_grid(result, o.grid_dir);
+      for (size_t i = 0; i < paths.size(); ++i)
+        ctx.out << "grid candidate " << i << ": " << paths[i] << "  " << result.candidates[i].summary << "\n";
+      ctx.out << "measure them on the GPU: bash scripts/plan-grid.sh " << o.grid_dir << "\n";
+    }
+    return kExitOk;
+  } catch (const formats::FormatError& e) {
+    throw BadInput(e.what());
+  } catch (const tuner::PlanInputError& e) {
+    throw BadInput(e.what());
+  }
 }
 
+}  // namespace
+
 void setup_plan(CLI::App& app, Context& ctx) {
-  auto opts = std::make_shared<PlanOptions>();
+  auto o = std::make_shared<PlanCliOptions>();
   auto* cmd = app.add_subcommand("plan",
                                  "Choose recompute modules, FP8 Linears, groups and micro-batch from a "
                                  "profile -> recipe.json");
-  cmd->add_option("--profile", opts->profile, "profile.json written by `vlatune profile`")
-      ->required()
-      ->check(CLI::ExistingFile);
-  cmd->add_option("--memory-budget", opts->memory_budget_gib, "GiB (default: profiled GPU memory - 5%)")
+  cmd->add_option("--profile", o->profile, "profile.json written by `vlatune profile` (or its directory)")
+      ->check(CLI::ExistingPath);
+  cmd->add_option("--out", o->out, "recipe.json to write");
+  cmd->add_option("--memory-budget", o->memory_budget_gib, "GiB (default: profiled GPU memory - 5%)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--world-size", opts->world_size, "Data-parallel GPUs")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--fp8", opts->fp8, "Consider FP8 Linears")->check(CLI::IsMember({"on", "off"}));
-  cmd->add_option("--out", opts->out, "recipe.json to write")->required();
-  cmd->add_flag("--explain", opts->explain, "Print every decision with the figures behind it");
-  cmd->callback([&ctx, opts] { ctx.action = [opts] { return run_plan(*opts); }; });
+  cmd->add_option("--batch", o->batch, "Micro-batch: a number, or 'auto' (chosen with the recompute set)");
+  cmd->add_option("--fp8", o->fp8, "FP8 Linears: off (default until the trainer runs FP8) or auto (measured)")
+      ->check(CLI::IsMember({"off", "auto"}));
+  cmd->add_option("--fp8-include", o->plan.fp8_include,
+                  "Pattern: consider these Linears for FP8 despite the default exclusions (repeatable)");
+  cmd->add_option("--fp8-exclude", o->plan.fp8_exclude, "Pattern: keep these Linears in bf16 (repeatable)");
+  cmd->add_option("--fp8-margin", o->plan.fp8_margin, "Required bf16/FP8 time ratio (default 1.05)")
+      ->check(CLI::Range(1.0, 100.0));
+  cmd->add_option("--recompute-candidate", o->plan.recompute_candidates,
+                  "Pattern: also consider recomputing these modules (repeatable)");
+  cmd->add_option("--world-size", o->plan.world_size, "Data-parallel GPUs")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--allreduce-gbps", o->allreduce_gbps,
+                  "All-reduce bus bandwidth in GB/s (default: the profile's communication section)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--explain", o->explain, "Print every decision with the figures behind it");
+  cmd->add_option("--grid", o->grid, "Also write the plan and the next N-1 best candidates to --grid-dir")
+      ->check(CLI::Range(1, 100));
+  cmd->add_option("--grid-dir", o->grid_dir, "Directory for candidate_<i>.json (measured by scripts/plan-grid.sh)");
+  cmd->add_option("--compare-grid", o->compare_grid,
+                  "Summarize a measured grid: DIR/candidate_<i>.json vs DIR/run_<i>/run.json")
+      ->check(CLI::ExistingDirectory);
+  cmd->callback([&ctx, o, cmd] { ctx.action = [&ctx, o, cmd] { return run_plan(*o, *cmd, ctx); }; });
 }
 
 }  // namespace vlatune::cli

@@ -1,24 +1,119 @@
-// `vlatune profile`: real training steps under the CUPTI tracer -> profile.json + trace.json.gz.
+// `vlatune profile`: real training steps under the CUPTI tracer (CPU tracer on the CPU) -> DIR/profile.json and
+// DIR/trace.json.gz. Wiring only: the trainer builds the step, the profiler drives it through StepDriver.
 #include <CLI/CLI.hpp>
 
 #include <memory>
 
 #include "cli/cli.h"
+#include "formats/fqn_pattern.h"
+#include "formats/json_error.h"
+#include "formats/recipe.h"
+#include "profiler/session.h"
+#include "trainer/environment.h"
+#include "trainer/file_util.h"
+#include "trainer/train_step.h"
 
 namespace vlatune::cli {
 
 struct ProfileOptions {
   std::string config = "tiny";
   std::string data = "synthetic";
+  std::string device = "auto";
   int batch = 32;
-  int steps = 10;
-  int warmup = 3;
+  int second_batch = 0;  // 0: batch / 2 (none when batch is 1)
+  int steps = 3;
+  int warmup = 2;
+  int timed_steps = 5;
+  int trace_steps = 1;
+  int ab_steps = 3;
+  int gemm_reps = 10;
+  std::string tracer = "auto";
+  std::vector<std::string> candidates;
   std::string recipe;
   std::string out;
+  uint64_t seed = 42;
 };
 
-static int run_profile(const ProfileOptions&) {
-  throw Unavailable("profile: not available yet: the CUPTI profiler arrives with the profiler issue");
+static int profile(const ProfileOptions& o, std::ostream& log);
+
+// Bad input anywhere (a recipe, a pattern, an option the trainer rejects) exits 4 with its message.
+static int run_profile(const ProfileOptions& o, std::ostream& log) {
+  try {
+    return profile(o, log);
+  } catch (const trainer::TrainInputError& e) {
+    throw BadInput(e.what());
+  } catch (const formats::FormatError& e) {
+    throw BadInput(e.what());
+  }
+}
+
+static int profile(const ProfileOptions& o, std::ostream& log) {
+  trainer::TrainOptions topt;
+  topt.config = o.config;
+  topt.data = o.data;
+  topt.device = o.device;
+  topt.batch = o.batch;
+  topt.seed = o.seed;
+  topt.recipe_path = o.recipe;
+  formats::Recipe recipe;
+  if (!o.recipe.empty()) recipe = formats::read_recipe(o.recipe);
+  recipe.batch.micro_batch = o.batch;  // the profiled recipe is what ran
+  const std::string label = o.recipe.empty() ? std::string("<default recipe>") : o.recipe;
+
+  trainer::TrainingParts parts = trainer::build_training_parts(topt, recipe, label, /*load_init_weights=*/true, log);
+  const bool cuda = parts.device.is_cuda();
+
+  profiler::ProfileOptions popt;
+  popt.batches.push_back(o.batch);
+  const int second = o.second_batch > 0 ? o.second_batch : o.batch / 2;
+  if (second >= o.batch)
+    throw BadInput("--second-batch " + std::to_string(second) + " must be below --batch " + std::to_string(o.batch));
+  if (second >= 1) popt.batches.push_back(second);
+  popt.warmup = o.warmup;
+  popt.timed_steps = o.timed_steps;
+  popt.steps = o.steps;
+  popt.trace_steps = o.trace_steps;
+  popt.ab_steps = o.ab_steps;
+  popt.gemm_repetitions = o.gemm_reps;
+  popt.tracer = o.tracer;
+  popt.out_dir = o.out;
+  popt.data_label = o.data;
+  popt.recipe = recipe;
+  popt.environment = trainer::capture_environment(parts.device, o.config, formats::recipe_hash(recipe), 1);
+  const std::vector<std::string> recomputable = parts.net->recomputable_fqns();
+  for (size_t i = 0; i < o.candidates.size(); ++i) {
+    // The user's pattern must name recomputable units (the trainer can recompute nothing else).
+    popt.extra_candidates.emplace_back(
+        o.candidates[i], formats::resolve_patterns({o.candidates[i]}, recomputable, "--recompute-candidate",
+                                                   "[" + std::to_string(i) + "]"));
+  }
+
+  profiler::StepDriver driver;
+  driver.run_step = [&](int64_t step) {
+    trainer::run_train_step(parts, step, topt.lr, topt.clip_norm);
+    if (cuda) torch::cuda::synchronize();
+  };
+  driver.forward_only = [&](int64_t step) {
+    double wait = 0;
+    auto batch = parts.source->next(step, &wait);
+    parts.net->forward(batch, parts.applied.forward);
+    if (cuda) torch::cuda::synchronize();
+  };
+  driver.set_batch = [&](int64_t batch) {
+    if (batch != parts.batch) trainer::open_training_data(parts, topt, batch);
+  };
+  driver.optimizer_state_bytes = [&] {
+    int64_t bytes = 0;
+    for (const auto& item : parts.optimizer->state_dict().tensors) bytes += static_cast<int64_t>(item.second.nbytes());
+    return bytes;
+  };
+  trainer::make_directories(o.out);
+  log << "vlatune profile: " << o.config << " Pi0.5 on " << parts.device << ", " << parts.source->describe()
+      << ", batches";
+  for (auto b : popt.batches) log << " " << b;
+  log << ", recompute " << parts.applied.recompute.size() << " module(s)" << std::endl;
+  profiler::run_profile(*parts.net, driver, popt, log);
+  return kExitOk;
 }
 
 void setup_profile(CLI::App& app, Context& ctx) {
@@ -28,12 +123,29 @@ void setup_profile(CLI::App& app, Context& ctx) {
                                  "cost and bf16/FP8 GEMM times -> DIR/profile.json");
   cmd->add_option("--config", opts->config, "Model size")->check(CLI::IsMember({"tiny", "full"}));
   cmd->add_option("--data", opts->data, "Dataset directory, or 'synthetic' (batches made on the GPU)");
+  cmd->add_option("--device", opts->device, "auto | cpu | cuda");
   cmd->add_option("--batch", opts->batch, "Micro-batch size")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--steps", opts->steps, "Profiled steps")->check(CLI::Range(1, 1 << 30));
-  cmd->add_option("--warmup", opts->warmup, "Warm-up steps before profiling")->check(CLI::Range(0, 1 << 30));
+  cmd->add_option("--second-batch", opts->second_batch,
+                  "Smaller micro-batch also profiled, for extrapolation (default: batch/2)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--steps", opts->steps, "Traced steps per batch size")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--warmup", opts->warmup, "Warm-up steps before timing")->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--timed-steps", opts->timed_steps, "Untraced timed steps (step time, tracer overhead)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--trace-steps", opts->trace_steps, "Traced steps kept in trace.json.gz (0: no trace)")
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--ab-steps", opts->ab_steps, "Timed steps per recompute A/B variant (0: skip the A/B table)")
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--recompute-candidate", opts->candidates,
+                  "Extra recompute candidate (FQN pattern, '*' = one segment) measured A/B; repeatable");
+  cmd->add_option("--gemm-reps", opts->gemm_reps, "Repetitions per GEMM timing (0: list shapes only)")
+      ->check(CLI::Range(0, 1000));
+  cmd->add_option("--tracer", opts->tracer, "auto | cupti | cpu | none")
+      ->check(CLI::IsMember({"auto", "cupti", "cpu", "none"}));
   cmd->add_option("--recipe", opts->recipe, "recipe.json to profile under")->check(CLI::ExistingFile);
+  cmd->add_option("--seed", opts->seed, "Seed of the weights and the synthetic data");
   cmd->add_option("--out", opts->out, "Output directory")->required();
-  cmd->callback([&ctx, opts] { ctx.action = [opts] { return run_profile(*opts); }; });
+  cmd->callback([&ctx, opts] { ctx.action = [opts, &ctx] { return run_profile(*opts, ctx.err); }; });
 }
 
 }  // namespace vlatune::cli

@@ -41,6 +41,14 @@ struct Pi05Config {
 // mask and enable_gqa (no repeat_kv copy; on the GPU no NxN probabilities kept for backward). Same math.
 enum class Attention { kLean, kMaterialized };
 
+// Which implementation runs the decoder's elementwise work and projections (kernels/fused_ops.h, fused.md):
+// - kAuto: on CUDA the fused kernels (RMSNorm/adaRMS with the residual fused, RoPE on Q and K in one pass,
+//   GeGLU with its output recomputed in backward) and merged QKV / gate+up GEMMs; elsewhere the reference.
+// - kReference: the reference modules everywhere (unfused ATen sequences: the oracle of the GPU tests).
+// - kFused: the fused structure everywhere; on the CPU the autograd wrappers run their ATen references and
+//   analytic backwards (tests of the wrappers on the tiny model).
+enum class Kernels { kAuto, kReference, kFused };
+
 struct ForwardOptions {
   // Drop camera slots masked for the whole batch before SigLIP (exact: their tokens are never keys and take
   // no positions). One host sync per step for the decision.
@@ -53,6 +61,7 @@ struct ForwardOptions {
   // MLP, final prefix norm): none of it reaches the loss. Call Pi05Impl::fill_missing_grads() after backward.
   bool skip_dead = true;
   Attention attention = Attention::kLean;
+  Kernels kernels = Kernels::kAuto;
   // The loss averages (v - u)^2 over B, H and the first loss_action_dim action dims (openpi: all 32).
   int64_t loss_action_dim = 32;
   // Activation dtype. Unset: the parameters' dtype. Set to bf16 with fp32 parameters for "fp32-master"

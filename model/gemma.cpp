@@ -34,6 +34,17 @@ torch::Tensor GemmaMLPImpl::forward(const torch::Tensor& x) {
   return down_proj(gelu_tanh(gate_proj(x)) * up_proj(x));
 }
 
+torch::Tensor GemmaMLPImpl::forward_fused(const torch::Tensor& x) {
+  profiler::Scope scope(fqn());
+  if (profiler::scopes_enabled()) {
+    const int64_t rows = x.numel() / x.size(-1);
+    profiler::note_gemm({&gate_proj->fqn(), &up_proj->fqn()}, rows, x.size(-1), 2 * gate_proj->weight.size(0));
+    profiler::note_gemm({&down_proj->fqn()}, rows, down_proj->weight.size(1), down_proj->weight.size(0));
+  }
+  auto merged = kernels::merged_linear(x, {gate_proj->weight, up_proj->weight});  // [.., gate | up]
+  return kernels::geglu_linear(merged, down_proj->weight, torch::Tensor(), down_proj->fqn());
+}
+
 GemmaDecoderLayerImpl::GemmaDecoderLayerImpl(const GemmaConfig& cfg, bool adaptive, int64_t cond_dim,
                                              torch::TensorOptions options) {
   self_attn = register_module("self_attn", GemmaAttention(cfg, options));
@@ -50,17 +61,37 @@ GemmaDecoderLayerImpl::GemmaDecoderLayerImpl(const GemmaConfig& cfg, bool adapti
 NormOutput GemmaDecoderLayerImpl::pre_attention_norm(const torch::Tensor& x, const torch::Tensor& cond) {
   if (input_ada) {
     auto out = input_ada->forward(x, cond);
-    return {out.y, out.gate};
+    return {out.y, out.gate, x};
   }
-  return {input_rms(x), torch::Tensor()};
+  return {input_rms(x), torch::Tensor(), x};
 }
 
 NormOutput GemmaDecoderLayerImpl::pre_ffn_norm(const torch::Tensor& x, const torch::Tensor& cond) {
   if (post_attention_ada) {
     auto out = post_attention_ada->forward(x, cond);
-    return {out.y, out.gate};
+    return {out.y, out.gate, x};
   }
-  return {post_attention_rms(x), torch::Tensor()};
+  return {post_attention_rms(x), torch::Tensor(), x};
+}
+
+NormOutput GemmaDecoderLayerImpl::pre_attention_norm_fused(const torch::Tensor& x, const torch::Tensor& cond) {
+  if (input_ada) {
+    auto out = input_ada->forward_fused(x, cond, torch::Tensor(), torch::Tensor());
+    return {out.y, out.gate, out.h};
+  }
+  auto out = input_rms->forward_fused(x, torch::Tensor());
+  return {out.y, torch::Tensor(), out.h};
+}
+
+NormOutput GemmaDecoderLayerImpl::residual_pre_ffn_norm_fused(const torch::Tensor& x, const torch::Tensor& attn,
+                                                              const torch::Tensor& attn_gate,
+                                                              const torch::Tensor& cond) {
+  if (post_attention_ada) {
+    auto out = post_attention_ada->forward_fused(x, cond, attn, attn_gate);
+    return {out.y, out.gate, out.h};
+  }
+  auto out = post_attention_rms->forward_fused(x, attn);
+  return {out.y, torch::Tensor(), out.h};
 }
 
 GemmaModelImpl::GemmaModelImpl(const GemmaConfig& cfg, bool adaptive, int64_t cond_dim, torch::TensorOptions options) {
@@ -77,12 +108,20 @@ GemmaModelImpl::GemmaModelImpl(const GemmaConfig& cfg, bool adaptive, int64_t co
   }
 }
 
-NormOutput GemmaModelImpl::final_norm(const torch::Tensor& x, const torch::Tensor& cond) {
+NormOutput GemmaModelImpl::final_norm(const torch::Tensor& x, const torch::Tensor& cond, bool fused) {
+  if (fused) {
+    if (norm_ada) {
+      auto out = norm_ada->forward_fused(x, cond, torch::Tensor(), torch::Tensor());
+      return {out.y, out.gate, out.h};
+    }
+    auto out = norm_rms->forward_fused(x, torch::Tensor());
+    return {out.y, torch::Tensor(), out.h};
+  }
   if (norm_ada) {
     auto out = norm_ada->forward(x, cond);
-    return {out.y, out.gate};
+    return {out.y, out.gate, x};
   }
-  return {norm_rms(x), torch::Tensor()};
+  return {norm_rms(x), torch::Tensor(), x};
 }
 
 std::pair<torch::Tensor, torch::Tensor> rope_tables(const torch::Tensor& positions, int64_t head_dim,
@@ -113,6 +152,38 @@ std::vector<torch::Tensor> joint_attention(GemmaDecoderLayerImpl& prefix, GemmaD
   auto split = [&](const torch::Tensor& y, int64_t t, int64_t h) {  // [B, T, h*d] -> [B, h, T, d]
     return y.view({batch, t, h, d}).transpose(1, 2);
   };
+  if (in.fused) {
+    // Q, K and V of a branch as one GEMM against [q_proj; k_proj; v_proj] (the last layer's skipped prefix
+    // queries: [k_proj; v_proj]), attributed to that branch's self_attn scope (no per-projection scopes on this
+    // path); then split, concatenation and RoPE in one kernel.
+    torch::Tensor qkv_s, qkv_p;
+    if (profiler::scopes_enabled()) {
+      auto n_of = [](const LinearImpl& l) { return l.weight.size(0); };
+      const int64_t rows_s = xs.numel() / xs.size(-1), rows_p = xp.numel() / xp.size(-1);
+      profiler::note_gemm({&ae.q_proj->fqn(), &ae.k_proj->fqn(), &ae.v_proj->fqn()}, rows_s, xs.size(-1),
+                          n_of(*ae.q_proj) + n_of(*ae.k_proj) + n_of(*ae.v_proj));
+      if (skip_prefix)
+        profiler::note_gemm({&ap.k_proj->fqn(), &ap.v_proj->fqn()}, rows_p, xp.size(-1),
+                            n_of(*ap.k_proj) + n_of(*ap.v_proj));
+      else
+        profiler::note_gemm({&ap.q_proj->fqn(), &ap.k_proj->fqn(), &ap.v_proj->fqn()}, rows_p, xp.size(-1),
+                            n_of(*ap.q_proj) + n_of(*ap.k_proj) + n_of(*ap.v_proj));
+    }
+    {
+      profiler::Scope expert_scope(ae.fqn());
+      qkv_s = kernels::merged_linear(xs, {ae.q_proj->weight, ae.k_proj->weight, ae.v_proj->weight});
+    }
+    qkv_p = skip_prefix ? kernels::merged_linear(xp, {ap.k_proj->weight, ap.v_proj->weight})
+                        : kernels::merged_linear(xp, {ap.q_proj->weight, ap.k_proj->weight, ap.v_proj->weight});
+    auto qkv = kernels::rope_qkv(qkv_p, qkv_s, in.cos, in.sin, heads, kv_heads, /*prefix_q=*/!skip_prefix);
+    if (skip_prefix) {
+      auto o = attention_core(qkv.q, qkv.k, qkv.v, in.mask.narrow(2, p, s), in.attention);
+      return {ae.o_proj(o.transpose(1, 2).reshape({batch, s, heads * d}))};
+    }
+    auto o =
+        attention_core(qkv.q, qkv.k, qkv.v, in.mask, in.attention).transpose(1, 2).reshape({batch, p + s, heads * d});
+    return {ap.o_proj(o.narrow(1, 0, p)), ae.o_proj(o.narrow(1, p, s))};
+  }
   // Concatenate along the sequence, prefix first (spec §3 step 3), then RoPE on the joint positions.
   auto k =
       apply_rope(at::cat({split(ap.k_proj(xp), p, kv_heads), split(ae.k_proj(xs), s, kv_heads)}, 2), in.cos, in.sin);
@@ -133,8 +204,10 @@ std::vector<torch::Tensor> joint_layer(GemmaDecoderLayerImpl& prefix, GemmaDecod
   // The joint layer opens the backbone layer's scope; the expert-only part below opens the expert layer's.
   profiler::Scope scope(prefix.fqn());
   const bool skip = options.skip_prefix;
-  auto np = prefix.pre_attention_norm(hp, torch::Tensor());
-  auto ns = expert.pre_attention_norm(hs, in.cond);
+  const bool fused = in.fused;
+  auto np =
+      fused ? prefix.pre_attention_norm_fused(hp, torch::Tensor()) : prefix.pre_attention_norm(hp, torch::Tensor());
+  auto ns = fused ? expert.pre_attention_norm_fused(hs, in.cond) : expert.pre_attention_norm(hs, in.cond);
 
   std::vector<torch::Tensor> attn;
   if (options.recompute_attention) {
@@ -142,12 +215,13 @@ std::vector<torch::Tensor> joint_layer(GemmaDecoderLayerImpl& prefix, GemmaDecod
     GemmaDecoderLayerImpl* pe = &expert;
     const Attention mode = in.attention;
     attn = recompute(
-        [pp, pe, mode, skip](const std::vector<torch::Tensor>& x) {
+        [pp, pe, mode, skip, fused](const std::vector<torch::Tensor>& x) {
           JointInputs j;
           j.cos = x[2];
           j.sin = x[3];
           j.mask = x[4];
           j.attention = mode;
+          j.fused = fused;
           return joint_attention(*pp, *pe, x[0], x[1], j, skip);
         },
         {np.y, ns.y, in.cos, in.sin, in.mask}, concat(prefix.self_attn->parameters(), expert.self_attn->parameters()));
@@ -155,27 +229,43 @@ std::vector<torch::Tensor> joint_layer(GemmaDecoderLayerImpl& prefix, GemmaDecod
     attn = joint_attention(prefix, expert, np.y, ns.y, in, skip);
   }
 
-  auto run_mlp = [](GemmaMLPImpl& mlp, const torch::Tensor& x, bool checkpointed) {
-    if (!checkpointed) return mlp.forward(x);
+  auto run_mlp = [fused](GemmaMLPImpl& mlp, const torch::Tensor& x, bool checkpointed) {
+    if (!checkpointed) return fused ? mlp.forward_fused(x) : mlp.forward(x);
     GemmaMLPImpl* m = &mlp;
     return recompute(
-        [m](const std::vector<torch::Tensor>& in) { return std::vector<torch::Tensor>{m->forward(in[0])}; }, {x},
-        mlp.parameters())[0];
+        [m, fused](const std::vector<torch::Tensor>& in) {
+          return std::vector<torch::Tensor>{fused ? m->forward_fused(in[0]) : m->forward(in[0])};
+        },
+        {x}, mlp.parameters())[0];
   };
 
-  // Expert: gated residuals (raw gate, not 1 + gate), attributed to the expert layer's scope.
+  // Expert: gated residuals (raw gate, not 1 + gate), attributed to the expert layer's scope. Fused: the attention
+  // residual runs inside the pre-FFN adaRMS kernel.
   torch::Tensor hs_out;
   {
     profiler::Scope expert_scope(expert.fqn());
-    hs_out = hs + ns.gate * attn.back();
-    auto ns2 = expert.pre_ffn_norm(hs_out, in.cond);
+    NormOutput ns2;
+    if (fused) {
+      ns2 = expert.residual_pre_ffn_norm_fused(hs, attn.back(), ns.gate, in.cond);
+      hs_out = ns2.h;
+    } else {
+      hs_out = hs + ns.gate * attn.back();
+      ns2 = expert.pre_ffn_norm(hs_out, in.cond);
+    }
     hs_out = hs_out + ns2.gate * run_mlp(*expert.mlp, ns2.y, options.recompute_expert_mlp);
   }
   if (skip) return {hs_out};
 
-  // Prefix: plain residuals.
-  auto hp_out = hp + attn[0];
-  auto np2 = prefix.pre_ffn_norm(hp_out, torch::Tensor());
+  // Prefix: plain residuals (fused: the attention residual inside the pre-FFN RMSNorm kernel).
+  torch::Tensor hp_out;
+  NormOutput np2;
+  if (fused) {
+    np2 = prefix.residual_pre_ffn_norm_fused(hp, attn[0], torch::Tensor(), torch::Tensor());
+    hp_out = np2.h;
+  } else {
+    hp_out = hp + attn[0];
+    np2 = prefix.pre_ffn_norm(hp_out, torch::Tensor());
+  }
   hp_out = hp_out + run_mlp(*prefix.mlp, np2.y, options.recompute_prefix_mlp);
   return {hp_out, hs_out};
 }

@@ -25,13 +25,17 @@ class GemmaMLPImpl : public ScopedModule {
  public:
   GemmaMLPImpl(const GemmaConfig& cfg, torch::TensorOptions options);
   torch::Tensor forward(const torch::Tensor& x);
+  // Fused path: gate_proj and up_proj as one GEMM (in this module's scope), GeGLU and down_proj as one autograd
+  // node that keeps only the merged GEMM output for backward (kernels::geglu_linear; down_proj keeps its scope).
+  torch::Tensor forward_fused(const torch::Tensor& x);
   Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 TORCH_MODULE(GemmaMLP);
 
 // Norm output of one branch: y and, for adaRMS, the residual gate ([B, 1, width]); undefined for RMSNorm.
+// h: the residual stream the norm read (after the residual add fused into it, on the fused path).
 struct NormOutput {
-  torch::Tensor y, gate;
+  torch::Tensor y, gate, h;
 };
 
 // One branch's layer weights. `adaptive`: the expert (adaRMS norms conditioned on a cond_dim vector).
@@ -40,6 +44,11 @@ class GemmaDecoderLayerImpl : public ScopedModule {
   GemmaDecoderLayerImpl(const GemmaConfig& cfg, bool adaptive, int64_t cond_dim, torch::TensorOptions options);
   NormOutput pre_attention_norm(const torch::Tensor& x, const torch::Tensor& cond);
   NormOutput pre_ffn_norm(const torch::Tensor& x, const torch::Tensor& cond);
+  // Fused path: the pre-attention norm, and the attention residual fused into the pre-FFN norm
+  // (prefix: h = x + attn; expert: h = x + gate * attn, gate from the pre-attention adaRMS).
+  NormOutput pre_attention_norm_fused(const torch::Tensor& x, const torch::Tensor& cond);
+  NormOutput residual_pre_ffn_norm_fused(const torch::Tensor& x, const torch::Tensor& attn,
+                                         const torch::Tensor& attn_gate, const torch::Tensor& cond);
   GemmaAttention self_attn{nullptr};
   GemmaMLP mlp{nullptr};
   // "input_layernorm" / "post_attention_layernorm" (both are *pre*-norms: before attention, before the MLP).
@@ -52,7 +61,7 @@ TORCH_MODULE(GemmaDecoderLayer);
 class GemmaModelImpl : public ScopedModule {
  public:
   GemmaModelImpl(const GemmaConfig& cfg, bool adaptive, int64_t cond_dim, torch::TensorOptions options);
-  NormOutput final_norm(const torch::Tensor& x, const torch::Tensor& cond);
+  NormOutput final_norm(const torch::Tensor& x, const torch::Tensor& cond, bool fused = false);
   Embedding embed_tokens{nullptr};             // null for the expert
   torch::nn::ModuleList layers_list{nullptr};  // registered as "layers"
   std::vector<GemmaDecoderLayer> layers;
@@ -67,6 +76,7 @@ struct JointInputs {
   torch::Tensor cos, sin;  // [B, 1, N, head_dim/2], math dtype: RoPE of positions cumsum(valid) - 1
   torch::Tensor mask;      // [B, 1, N, N] bool: query i may attend key j
   Attention attention = Attention::kLean;
+  bool fused = false;  // the fused kernels and merged GEMMs (ForwardOptions::kernels resolved for the device)
 };
 
 // RoPE tables for positions [B, N]: theta_i = pos / 10000^(2i/head_dim), i < head_dim/2, in `math`.

@@ -33,6 +33,7 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias, torch::TensorOpt
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   profiler::Scope scope(fqn());
+  if (profiler::scopes_enabled()) profiler::note_gemm({&fqn()}, x.numel() / x.size(-1), weight.size(1), weight.size(0));
   return at::linear(x, as_dtype_of(weight, x), bias.defined() ? as_dtype_of(bias, x) : torch::Tensor());
 }
 
@@ -58,6 +59,11 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   return y.to(x.scalar_type());
 }
 
+kernels::NormOutputs RMSNormImpl::forward_fused(const torch::Tensor& x, const torch::Tensor& delta) {
+  profiler::Scope scope(fqn());
+  return kernels::rms_norm_residual(x, delta, weight, eps);
+}
+
 AdaRMSNormImpl::AdaRMSNormImpl(int64_t dim, int64_t cond_dim, double eps_, torch::TensorOptions options) : eps(eps_) {
   dense = register_module("dense", Linear(cond_dim, 3 * dim, /*bias=*/true, options));
 }
@@ -71,6 +77,14 @@ AdaRMSNormImpl::Output AdaRMSNormImpl::forward(const torch::Tensor& x, const tor
   auto normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
   auto y = normed * (modulation[0].to(md) + 1.0) + modulation[1].to(md);
   return {y.to(x.scalar_type()), modulation[2]};
+}
+
+AdaRMSNormImpl::FusedOutput AdaRMSNormImpl::forward_fused(const torch::Tensor& x, const torch::Tensor& cond,
+                                                          const torch::Tensor& delta, const torch::Tensor& gate_prev) {
+  profiler::Scope scope(fqn());
+  auto modulation = dense->forward(as_dtype_of(cond, x)).unsqueeze(1).chunk(3, -1);  // [B, 1, dim] views
+  auto out = kernels::adarms_norm_residual(x, delta, gate_prev, modulation[0], modulation[1], eps);
+  return {out.h, out.y, modulation[2]};
 }
 
 EmbeddingImpl::EmbeddingImpl(int64_t num, int64_t dim, torch::TensorOptions options) {

@@ -9,6 +9,7 @@
 
 #include <torch/torch.h>
 
+#include "kernels/fused_ops.h"
 #include "model/config.h"
 
 namespace vlatune::model {
@@ -53,6 +54,8 @@ class RMSNormImpl : public ScopedModule {
  public:
   RMSNormImpl(int64_t dim, double eps, torch::TensorOptions options);
   torch::Tensor forward(const torch::Tensor& x);
+  // Fused path (kernels::rms_norm_residual): h = x + delta (delta may be undefined: h = x), y = norm(h).
+  kernels::NormOutputs forward_fused(const torch::Tensor& x, const torch::Tensor& delta);
   torch::Tensor weight;
   double eps;
 };
@@ -70,6 +73,13 @@ class AdaRMSNormImpl : public ScopedModule {
   };
   // cond [B, cond_dim], already in the compute dtype.
   Output forward(const torch::Tensor& x, const torch::Tensor& cond);
+  // Fused path (kernels::adarms_norm_residual): h = x + gate_prev * delta (the previous norm's gated residual;
+  // delta undefined: h = x), y = adaRMS(h). Returns {h, y, gate}.
+  struct FusedOutput {
+    torch::Tensor h, y, gate;
+  };
+  FusedOutput forward_fused(const torch::Tensor& x, const torch::Tensor& cond, const torch::Tensor& delta,
+                            const torch::Tensor& gate_prev);
   Linear dense{nullptr};
   double eps;
 };

@@ -232,6 +232,9 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
     }
   }
 
+  // The fused kernels and merged GEMMs (kernels/fused_ops.h): by default on CUDA only; the CPU stays exact.
+  const bool fused = options.kernels == Kernels::kFused || (options.kernels == Kernels::kAuto && device.is_cuda());
+
   // 2. Prefix: [images of kept slots..., text].
   GemmaModelImpl& lm = language_model();
   GemmaModelImpl& ex = expert_model();
@@ -246,12 +249,12 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
       SiglipVisionTowerImpl* t = &tower;
       const Attention mode = options.attention;
       features = recompute(
-          [t, compute, mode](const std::vector<torch::Tensor>& in) {
-            return std::vector<torch::Tensor>{t->forward(in[0], compute, mode)};
+          [t, compute, mode, fused](const std::vector<torch::Tensor>& in) {
+            return std::vector<torch::Tensor>{t->forward(in[0], compute, mode, {}, fused)};
           },
           {pixels}, tower.parameters())[0];
     } else {
-      features = tower.forward(pixels, compute, options.attention, recompute_.vision_layer);
+      features = tower.forward(pixels, compute, options.attention, recompute_.vision_layer, fused);
     }
     auto projected = projector().forward(features);  // image tokens are not rescaled
     prefix_parts.push_back(projected.reshape({b, slots * per_image, projected.size(-1)}));
@@ -273,6 +276,7 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
   torch::Tensor hs = action_in_proj(x_t.to(compute));
   auto temb = time_embedding(batch.time.to(md), cfg_.expert.width).to(compute);
   JointInputs joint;
+  joint.fused = fused;
   joint.cond = torch::silu(time_mlp_out(torch::silu(time_mlp_in(temb))));
   joint.attention = options.attention;
 
@@ -300,10 +304,12 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
     std::vector<torch::Tensor> result;
     if (recompute_.joint_layer[i]) {
       const Attention mode = options.attention;
+      const bool fused = joint.fused;
       result = recompute(
-          [lp, le, mode, layer_options](const std::vector<torch::Tensor>& in) {
+          [lp, le, mode, fused, layer_options](const std::vector<torch::Tensor>& in) {
             JointInputs j;
             j.attention = mode;
+            j.fused = fused;
             j.cond = in[2];
             j.cos = in[3];
             j.sin = in[4];
@@ -326,10 +332,14 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
   }
 
   // 6. Velocity head in fp32 (the final adaRMS gate is discarded) and the loss.
-  auto suffix_out = ex.final_norm(hs, joint.cond).y.to(md);
+  auto suffix_out = ex.final_norm(hs, joint.cond, joint.fused).y.to(md);
   out.velocity = action_out_proj(suffix_out);
-  auto diff = (out.velocity - target).narrow(-1, 0, options.loss_action_dim);
-  out.loss = diff.pow(2).mean();
+  {
+    static const std::string loss_scope_name = profiler::kLossScope;
+    profiler::Scope loss_scope(loss_scope_name);
+    auto diff = (out.velocity - target).narrow(-1, 0, options.loss_action_dim);
+    out.loss = diff.pow(2).mean();
+  }
   return out;
 }
 

@@ -16,10 +16,19 @@ SiglipAttentionImpl::SiglipAttentionImpl(const VisionConfig& cfg, torch::TensorO
   out_proj = register_module("out_proj", Linear(cfg.width, cfg.width, true, options));
 }
 
-torch::Tensor SiglipAttentionImpl::forward(const torch::Tensor& x, Attention mode) {
+torch::Tensor SiglipAttentionImpl::forward(const torch::Tensor& x, Attention mode, bool fused) {
   profiler::Scope scope(fqn());
   const int64_t n = x.size(0), t = x.size(1), width = x.size(2);
   auto split = [&](const torch::Tensor& y) { return y.view({n, t, heads, width / heads}).transpose(1, 2); };
+  if (fused) {
+    if (profiler::scopes_enabled())
+      profiler::note_gemm({&q_proj->fqn(), &k_proj->fqn(), &v_proj->fqn()}, x.numel() / width, width, 3 * width);
+    auto qkv = kernels::merged_linear(x, {q_proj->weight, k_proj->weight, v_proj->weight},
+                                      {q_proj->bias, k_proj->bias, v_proj->bias});  // [n, t, q | k | v]
+    auto o = attention_core(split(qkv.narrow(-1, 0, width)), split(qkv.narrow(-1, width, width)),
+                            split(qkv.narrow(-1, 2 * width, width)), torch::Tensor(), mode);
+    return out_proj(o.transpose(1, 2).reshape({n, t, width}));
+  }
   auto o = attention_core(split(q_proj(x)), split(k_proj(x)), split(v_proj(x)), torch::Tensor(), mode);
   return out_proj(o.transpose(1, 2).reshape({n, t, width}));
 }
@@ -41,9 +50,9 @@ SiglipEncoderLayerImpl::SiglipEncoderLayerImpl(const VisionConfig& cfg, torch::T
   layer_norm2 = register_module("layer_norm2", LayerNorm(cfg.width, kLayerNormEps, options));
 }
 
-torch::Tensor SiglipEncoderLayerImpl::forward(const torch::Tensor& x, Attention mode) {
+torch::Tensor SiglipEncoderLayerImpl::forward(const torch::Tensor& x, Attention mode, bool fused) {
   profiler::Scope scope(fqn());
-  auto h = x + self_attn->forward(layer_norm1(x), mode);
+  auto h = x + self_attn->forward(layer_norm1(x), mode, fused);
   return h + mlp(layer_norm2(h));
 }
 
@@ -79,7 +88,7 @@ SiglipVisionTowerImpl::SiglipVisionTowerImpl(const VisionConfig& cfg, torch::Ten
 }
 
 torch::Tensor SiglipVisionTowerImpl::forward(const torch::Tensor& pixels, c10::ScalarType compute, Attention mode,
-                                             const std::vector<bool>& recompute_layers) {
+                                             const std::vector<bool>& recompute_layers, bool fused) {
   profiler::Scope scope(fqn());
   auto& vm = *vision_model;
   profiler::Scope model_scope(vm.fqn());
@@ -92,12 +101,12 @@ torch::Tensor SiglipVisionTowerImpl::forward(const torch::Tensor& pixels, c10::S
         SiglipEncoderLayerImpl* layer = layers[i].get();
         std::vector<torch::Tensor> params = layer->parameters();
         x = recompute(
-            [layer, mode](const std::vector<torch::Tensor>& in) -> std::vector<torch::Tensor> {
-              return {layer->forward(in[0], mode)};
+            [layer, mode, fused](const std::vector<torch::Tensor>& in) -> std::vector<torch::Tensor> {
+              return {layer->forward(in[0], mode, fused)};
             },
             {x}, params)[0];
       } else {
-        x = layers[i]->forward(x, mode);
+        x = layers[i]->forward(x, mode, fused);
       }
     }
   }

@@ -13,7 +13,8 @@ namespace vlatune::model {
 class SiglipAttentionImpl : public ScopedModule {
  public:
   SiglipAttentionImpl(const VisionConfig& cfg, torch::TensorOptions options);
-  torch::Tensor forward(const torch::Tensor& x, Attention mode);  // bidirectional MHA, all with biases
+  // Bidirectional MHA, all with biases. fused: q/k/v as one GEMM (kernels::merged_linear) in this module's scope.
+  torch::Tensor forward(const torch::Tensor& x, Attention mode, bool fused = false);
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr};
   int64_t heads;
 };
@@ -31,7 +32,7 @@ TORCH_MODULE(SiglipMLP);
 class SiglipEncoderLayerImpl : public ScopedModule {
  public:
   SiglipEncoderLayerImpl(const VisionConfig& cfg, torch::TensorOptions options);
-  torch::Tensor forward(const torch::Tensor& x, Attention mode);
+  torch::Tensor forward(const torch::Tensor& x, Attention mode, bool fused = false);
   SiglipAttention self_attn{nullptr};
   LayerNorm layer_norm1{nullptr};
   SiglipMLP mlp{nullptr};
@@ -68,12 +69,12 @@ class SiglipVisionTransformerImpl : public ScopedModule {
 TORCH_MODULE(SiglipVisionTransformer);
 
 // "vision_tower": pixels [n, 3, image, image] (any float dtype) -> features [n, tokens, width] in `compute`.
-// recompute_layers[i] checkpoints encoder layer i (empty = none).
+// recompute_layers[i] checkpoints encoder layer i (empty = none). fused: merged q/k/v GEMMs (JointInputs::fused).
 class SiglipVisionTowerImpl : public ScopedModule {
  public:
   SiglipVisionTowerImpl(const VisionConfig& cfg, torch::TensorOptions options);
   torch::Tensor forward(const torch::Tensor& pixels, c10::ScalarType compute, Attention mode,
-                        const std::vector<bool>& recompute_layers = {});
+                        const std::vector<bool>& recompute_layers = {}, bool fused = false);
   SiglipVisionTransformer vision_model{nullptr};
 };
 TORCH_MODULE(SiglipVisionTower);

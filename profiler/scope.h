@@ -7,6 +7,8 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
+#include <initializer_list>
 #include <string>
 
 namespace vlatune::profiler {
@@ -38,7 +40,15 @@ class ScopeSink {
   virtual ~ScopeSink() = default;
   virtual void push(const std::string& fqn, Phase phase) = 0;
   virtual void pop() = 0;
+  // A GEMM y[m, n] = x[m, k] W^T run by the Linears `members` (one, or several for a merged GEMM).
+  virtual void gemm(std::initializer_list<const std::string*> members, int64_t m, int64_t k, int64_t n) {}
 };
+
+// Work outside model modules is attributed to these pseudo-modules (profile.json uses the same names).
+inline constexpr const char* kOptimizerScope = "<optimizer>";
+inline constexpr const char* kLossScope = "<loss>";
+inline constexpr const char* kDataScope = "<data>";
+inline constexpr const char* kCommScope = "<comm>";
 
 namespace detail {
 inline std::atomic<ScopeSink*>& active_sink() {
@@ -55,6 +65,13 @@ inline void set_scope_sink(ScopeSink* sink) {
 }
 inline bool scopes_enabled() {
   return detail::active_sink().load(std::memory_order_relaxed) != nullptr;
+}
+
+// Reports a GEMM's shape to the profiler (nothing when profiling is off). Linears call it from their forward;
+// a merged GEMM passes all its member FQNs, in the order of their output columns.
+inline void note_gemm(std::initializer_list<const std::string*> members, int64_t m, int64_t k, int64_t n) {
+  ScopeSink* sink = detail::active_sink().load(std::memory_order_acquire);
+  if (sink != nullptr) sink->gemm(members, m, k, n);
 }
 
 // RAII scope. `fqn` must outlive the scope (modules pass their own stored name).

@@ -14,8 +14,11 @@
 #                  compiled-fp8 (+ FP8 tensorwise)                       compiled-norc (compiled, nothing recomputed)
 #                  compiled-fp8-trim (compiled + FP8, prompts of 64 tokens)
 #   --bench-filter REGEX   Google Benchmark filter (default: all)
+#   --bench-repetitions N  Google Benchmark repetitions (default: 10)
+#   --test-filter SPEC     Catch2 test spec for the GPU tests (default: "[gpu]")
 #   --train-steps N        also run `vlatune train` (full size, synthetic data, batch 32, ViT recomputed) for N steps
 #   --skip-tests           only build and benchmark
+#   --no-ctest             run the GPU tests but not the CPU tests (ctest)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -23,13 +26,19 @@ out="${OUT:-$root/out}"
 mkdir -p "$out"
 refs=""
 bench_filter="."
+bench_reps=10
+test_filter="[gpu]"
 skip_tests=0
+no_ctest=0
 train_steps=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --ref) refs="$2"; shift 2 ;;
     --bench-filter) bench_filter="$2"; shift 2 ;;
+    --bench-repetitions) bench_reps="$2"; shift 2 ;;
+    --test-filter) test_filter="$2"; shift 2 ;;
     --skip-tests) skip_tests=1; shift ;;
+    --no-ctest) no_ctest=1; shift ;;
     --train-steps) train_steps="$2"; shift 2 ;;
     *) echo "gpu-check: unknown option '$1'" >&2; exit 4 ;;
   esac
@@ -56,12 +65,14 @@ echo "built in ${build_s}s"
 ./build-gpu/cli/vlatune --version
 
 if [ "$skip_tests" = 0 ]; then
-  log "GPU tests ([gpu])"
-  ./build-gpu/tests/vlatune_tests_torch "[gpu]" --durations yes 2>&1 | tee "$out/tests_gpu.log" | tail -40
+  log "GPU tests ($test_filter)"
+  ./build-gpu/tests/vlatune_tests_torch "$test_filter" --durations yes 2>&1 | tee "$out/tests_gpu.log" | tail -40
   gpu_rc=${PIPESTATUS[0]}; [ "$gpu_rc" = 0 ] || status=1
-  log "CPU tests (ctest)"
-  ctest --test-dir build-gpu --output-on-failure 2>&1 | tail -15
-  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  if [ "$no_ctest" = 0 ]; then
+    log "CPU tests (ctest)"
+    ctest --test-dir build-gpu --output-on-failure 2>&1 | tail -15
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  fi
 fi
 
 if [ "$train_steps" -gt 0 ]; then
@@ -97,7 +108,7 @@ if [ -n "$refs" ]; then
 fi
 
 log "benchmarks"
-./build-gpu/bench/vlatune_bench --benchmark_filter="$bench_filter" --benchmark_repetitions=10 \
+./build-gpu/bench/vlatune_bench --benchmark_filter="$bench_filter" --benchmark_repetitions="$bench_reps" \
   --benchmark_report_aggregates_only=true --benchmark_out="$out/bench.json" --benchmark_out_format=json 2>&1 | tail -30
 
 log "summary"

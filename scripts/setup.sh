@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian 12 machine needs to build and test vlatune, idempotently:
-# Debian packages (headers, test/bench libraries, optional HDF5/SentencePiece) and
+# Debian packages (headers, test/bench libraries, optional HDF5/SentencePiece, chromium for the report test) and
 # torch==2.11.0 from PyPI into the project virtual environment .venv (LibTorch comes from that wheel).
 # A second run checks and returns in seconds.
 set -euo pipefail
@@ -11,7 +11,8 @@ venv="${VLATUNE_VENV:-$HOME/.cache/vlatune/venv-torch-$torch_version}"
 
 debs=(build-essential cmake ninja-build ccache git pkg-config python3-venv
       nlohmann-json3-dev libcli11-dev catch2 libbenchmark-dev
-      libhdf5-dev libsentencepiece-dev sentencepiece zlib1g-dev)
+      libhdf5-dev libsentencepiece-dev sentencepiece zlib1g-dev
+      chromium)  # chromium: headless screenshot test of `vlatune report`'s HTML (tests/core)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -31,6 +31,7 @@
 #include "trainer/optimizer.h"
 #include "trainer/recipe_apply.h"
 #include "trainer/schedule.h"
+#include "trainer/train_step.h"
 
 namespace vlatune::trainer {
 
@@ -172,68 +173,21 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& log)
   }
   if (!opt.steps || *opt.steps < 1) throw TrainInputError("--steps N (>= 1) is required for a new run");
 
-  const model::Pi05Config cfg = [&] {
-    try {
-      return model::Pi05Config::named(opt.config);
-    } catch (const std::invalid_argument& e) {
-      throw TrainInputError(std::string("--config: ") + e.what());
-    }
-  }();
-  const torch::Device device = [&] {
-    try {
-      return resolve_device("--device", opt.device);
-    } catch (const std::invalid_argument& e) {
-      throw TrainInputError(e.what());
-    }
-  }();
   formats::Recipe recipe;
   const std::string recipe_label = opt.recipe_path.empty() ? std::string("<default recipe>") : opt.recipe_path;
   if (!opt.recipe_path.empty()) recipe = formats::read_recipe(opt.recipe_path);  // FormatError names the path
-  const int64_t batch = opt.batch.value_or(recipe.batch.micro_batch);
-  const int64_t grad_accum = opt.grad_accum.value_or(recipe.batch.grad_accum);
-  const std::string precision = opt.precision.value_or(formats::to_string(recipe.model_options.precision));
-  if (batch < 1 || grad_accum < 1) throw TrainInputError("--batch and grad_accum must be >= 1");
-  const OptimizerPrecision opt_precision = parse_optimizer_precision(precision);
 
-  // ---- 2. Model: parameters in bf16 on the GPU ("bf16" precision) or fp32 ("fp32-master" on the GPU: fp32
-  //      master weights in the optimizer, bf16 compute; the CPU tiny config computes in fp32 either way). ----
+  // ---- 2-4. Model, recipe, data, optimizer (train_step.cpp); schedule and EMA. ----
+  TrainingParts parts = build_training_parts(opt, recipe, recipe_label, /*load_init_weights=*/!resuming, log);
+  const torch::Device device = parts.device;
   const bool cuda = device.is_cuda();
-  const torch::Dtype param_dtype =
-      cuda && opt_precision == OptimizerPrecision::kBf16 ? torch::kBFloat16 : torch::kFloat32;
-  model::Pi05 net(cfg, device, param_dtype);
-  model::init_weights(*net, opt.seed);
-  if (!opt.init_weights.empty() && !resuming) {
-    auto report = model::load_state_dict(*net, opt.init_weights, /*strict=*/false);
-    if (!report.missing.empty() || !report.shape_mismatched.empty())
-      throw TrainInputError("--init-weights: " + report.summary());
-    log << "init weights: " << report.summary() << "\n";
-  }
-  AppliedRecipe applied = apply_recipe(recipe, recipe_label, *net);
-  applied.forward.loss_action_dim = opt.loss_action_dim;
-  if (cuda && opt_precision == OptimizerPrecision::kFp32Master) applied.forward.compute_dtype = torch::kBFloat16;
-
-  // ---- 3. Data. ----
-  LoaderOptions loader;
-  loader.workers = opt.workers;
-  loader.augment = opt.augment;
-  if (applied.num_images) loader.slots = *applied.num_images;
-  std::unique_ptr<DataSource> source;
-  try {
-    source = open_data_source(opt.data, cfg, batch, opt.seed, device, loader);
-  } catch (const std::invalid_argument& e) {
-    throw TrainInputError(std::string("--data: ") + e.what());
-  }
-
-  // ---- 4. Optimizer, schedule, EMA. ----
-  std::vector<std::pair<std::string, torch::Tensor>> named_params;
-  for (const auto& item : net->named_parameters()) named_params.emplace_back(item.key(), item.value());
-  AdamWOptions adam;
-  adam.lr = opt.lr;
-  adam.betas = {opt.beta1, opt.beta2};
-  adam.eps = opt.eps;
-  adam.weight_decay = opt.weight_decay;
-  adam.precision = opt_precision;
-  AdamW optimizer(named_params, adam);
+  const int64_t batch = parts.batch, grad_accum = parts.grad_accum;
+  const std::string precision = parts.precision;
+  model::Pi05& net = parts.net;
+  const AppliedRecipe& applied = parts.applied;
+  std::unique_ptr<DataSource>& source = parts.source;
+  const auto& named_params = parts.named_params;
+  AdamW& optimizer = *parts.optimizer;
   WarmupCosine schedule{opt.warmup_steps, opt.lr, opt.decay_steps, opt.decay_lr.value_or(opt.lr)};
   try {
     schedule.validate();
@@ -296,17 +250,10 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& log)
   for (; step < total_steps && g_stop_signal.load() == 0; ++step) {
     reset_peak_allocated(device);
     const auto t0 = std::chrono::steady_clock::now();
-    double wait_ms = 0.0, loss_sum = 0.0;
+    const double lr = schedule.lr(step);
+    StepOutcome outcome;
     try {
-      for (int64_t micro = 0; micro < grad_accum; ++micro) {
-        double wait = 0.0;
-        model::Pi05Batch b = source->next(step * grad_accum + micro, &wait);
-        wait_ms += wait;
-        auto out = net->forward(b, applied.forward);
-        torch::Tensor loss = grad_accum > 1 ? out.loss / static_cast<double>(grad_accum) : out.loss;
-        loss.backward();
-        loss_sum += out.loss.detach().to(torch::kFloat64).item<double>();  // per-step sync: the loss is logged
-      }
+      outcome = run_train_step(parts, step, lr, opt.clip_norm);
     } catch (const c10::OutOfMemoryError& e) {
       if (step == first_step)
         throw std::runtime_error("out of GPU memory in the first step at micro-batch " + std::to_string(batch) +
@@ -314,14 +261,12 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& log)
                                  "recompute and which micro-batch fits, or pass a smaller --batch");
       throw;
     }
-    net->fill_missing_grads();
-    const double lr = schedule.lr(step);
-    StepResult res = optimizer.step(lr, opt.clip_norm);
-    optimizer.zero_grad();
+    const StepResult& res = outcome.optimizer;
+    const double wait_ms = outcome.wait_ms;
     if (!res.skipped && ema) ema->update();
     if (cuda) torch::cuda::synchronize();
     const double step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    const double loss = loss_sum / static_cast<double>(grad_accum);
+    const double loss = outcome.loss;
     const bool nonfinite = res.skipped || !std::isfinite(loss);
     const double step_peak = peak_allocated_gib(device);
     peak_gib = std::max(peak_gib, step_peak);
@@ -446,6 +391,20 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& log)
     log << std::fixed << std::setprecision(2) << summary.samples_per_s_median << " samples/s" << std::defaultfloat;
   if (cuda) log << ", peak " << std::fixed << std::setprecision(2) << peak_gib << " GiB" << std::defaultfloat;
   log << ", skipped " << skipped_total << "; " << join_path(run_dir, "run.json") << "\n";
+  // A planned recipe carries the tuner's prediction: say how close it came (the plan's validation, goal 10%);
+  // only for the batch it was made for (--batch/--grad-accum may override it).
+  auto versus = [&log](const char* what, double predicted, double measured, const char* unit) {
+    log << what << " predicted " << std::fixed << std::setprecision(2) << predicted << " " << unit << " vs measured "
+        << measured << " " << unit << " (" << std::showpos << std::setprecision(1)
+        << 100.0 * (predicted / measured - 1.0) << std::noshowpos << "%)" << std::defaultfloat;
+  };
+  const formats::Recipe::Predicted& predicted = recipe.predicted;
+  const bool as_planned = samples_per_step == int64_t{recipe.batch.micro_batch} * recipe.batch.grad_accum;
+  if (predicted.step_ms && !timing_step_ms.empty() && as_planned) {
+    versus("plan: step", *predicted.step_ms, median(timing_step_ms), "ms");
+    if (predicted.peak_gib && cuda && peak_gib > 0) versus(", peak", *predicted.peak_gib, peak_gib, "GiB");
+    log << "\n";
+  }
   return summary;
 }
 

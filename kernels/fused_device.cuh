@@ -1,0 +1,82 @@
+// Device helpers shared by the fused decoder kernels (norm.cu, rope.cu, geglu.cu): 16-byte vector packs, fp32
+// conversion with ATen's rounding, a block-wide sum, an NVTX range. Torch-free.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
+
+#include <cstdint>
+
+namespace vlatune::kernels::fused_detail {
+
+// N elements moved as one 16-byte access.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+template <typename T>
+constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte access: 8 bf16, 4 fp32
+
+__device__ __forceinline__ float to_float(float x) {
+  return x;
+}
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);  // round to nearest even, as ATen's float -> bf16 conversion
+}
+// x rounded to T and back: where the unfused ATen sequence stores an intermediate in the activation dtype.
+template <typename T>
+__device__ __forceinline__ float round_to(float x) {
+  return to_float(from_float<T>(x));
+}
+
+template <typename T>
+__device__ __forceinline__ Pack<T, kVec<T>> load_pack(const T* p, int64_t vec_index) {
+  return reinterpret_cast<const Pack<T, kVec<T>>*>(p)[vec_index];
+}
+template <typename T>
+__device__ __forceinline__ void store_pack(T* p, int64_t vec_index, const Pack<T, kVec<T>>& v) {
+  reinterpret_cast<Pack<T, kVec<T>>*>(p)[vec_index] = v;
+}
+
+// Sum over the block, returned to every thread. Fixed order: deterministic. blockDim.x a multiple of 32, <= 1024.
+// Two barriers; safe to call repeatedly in a loop.
+__device__ __forceinline__ float block_sum_all(float x) {
+  __shared__ float warp_sums[32];
+  __shared__ float total;
+  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_down_sync(0xffffffffu, x, offset);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) warp_sums[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    x = lane < static_cast<int>(blockDim.x >> 5) ? warp_sums[lane] : 0.f;
+    for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_down_sync(0xffffffffu, x, offset);
+    if (lane == 0) total = x;
+  }
+  __syncthreads();
+  // No third barrier: the next call writes `total` only after its first barrier, which every thread reaches
+  // after reading this one.
+  return total;
+}
+
+struct NvtxRange {
+  explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
+  ~NvtxRange() { nvtxRangePop(); }
+  NvtxRange(const NvtxRange&) = delete;
+  NvtxRange& operator=(const NvtxRange&) = delete;
+};
+
+// Number of SMs of the current device (cached per process; the trainer uses one device per process).
+int sm_count();
+
+}  // namespace vlatune::kernels::fused_detail

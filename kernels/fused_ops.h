@@ -1,0 +1,81 @@
+// Torch entry points of the fused decoder kernels (issue 8; design note fused.md). Each op is an autograd
+// function: on CUDA with fp32/bf16 activations of a supported shape, forward and backward run the kernels of
+// norm.cu / rope.cu / geglu.cu; otherwise (CPU, fp64, odd shapes) they run the ATen reference forward and its
+// analytic backward (the same formulas, in ATen ops), so the CPU tests exercise every autograd wrapper.
+// The `*_ref` functions are the plain ATen sequences the model ran before fusion: differentiable by autograd,
+// the oracles of the tests and the "unfused" side of the benchmarks.
+//
+// Saved for backward (beyond parameters and the shared RoPE tables):
+//   rms_norm_residual   h (or x without a residual) + rstd [rows] fp32
+//   adarms_norm_residual x and delta (h is recomputed) + rstd [rows] fp32; x is the layer input that the
+//                       pre-attention norm saves anyway, so the fused residual adds only delta
+//   rope_qkv            nothing
+//   merged_linear       x (as any Linear); the concatenated weight is rebuilt in backward, never kept
+//   geglu_linear        the merged gate+up output; the GeGLU output (the down projection's input) is recomputed
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+namespace vlatune::kernels {
+
+struct NormOutputs {
+  at::Tensor h;  // the residual stream after the fused add (x itself without a residual)
+  at::Tensor y;  // the norm output
+};
+
+// Gemma RMSNorm with the residual add fused: h = x + delta (delta may be undefined: h = x),
+// y = h * rsqrt(mean(h^2) + eps) * (1 + weight), statistics in fp32 (fp64 for fp64 activations).
+// x, delta [..., width] in the compute dtype; weight [width] in any floating dtype.
+NormOutputs rms_norm_residual(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps);
+NormOutputs rms_norm_residual_ref(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps);
+
+// adaRMS with the gated residual fused: h = x + gate * delta (delta undefined: h = x, gate unused),
+// y = h * rsqrt(mean(h^2) + eps) * (1 + scale) + shift. x, delta [B, T, width]; gate, scale, shift [B, 1, width]
+// (views of the [B, 3 * width] modulations are fine: last dim contiguous), all in the compute dtype.
+NormOutputs adarms_norm_residual(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& gate,
+                                 const at::Tensor& scale, const at::Tensor& shift, double eps);
+NormOutputs adarms_norm_residual_ref(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& gate,
+                                     const at::Tensor& scale, const at::Tensor& shift, double eps);
+
+struct QkvHeads {
+  at::Tensor q;  // [B, H, Tq, D]: Tq = P + S, or S without prefix_q
+  at::Tensor k;  // [B, Hk, P + S, D]
+  at::Tensor v;  // [B, Hk, P + S, D]
+};
+
+// The merged QKV outputs of the two branches -> attention inputs: prefix rows first, heads split, half-split RoPE
+// on q and k in fp32 (fp64 for fp64), cast back. qkv_prefix [B, P, ((prefix_q ? H : 0) + 2 Hk) * D] ([q | k | v]
+// columns, as merged_linear of {q_proj, k_proj, v_proj} or {k_proj, v_proj}); qkv_suffix [B, S, (H + 2 Hk) * D];
+// cos, sin [B, 1, P + S, D / 2] in the math dtype (model::rope_tables).
+QkvHeads rope_qkv(const at::Tensor& qkv_prefix, const at::Tensor& qkv_suffix, const at::Tensor& cos,
+                  const at::Tensor& sin, int64_t heads, int64_t kv_heads, bool prefix_q);
+QkvHeads rope_qkv_ref(const at::Tensor& qkv_prefix, const at::Tensor& qkv_suffix, const at::Tensor& cos,
+                      const at::Tensor& sin, int64_t heads, int64_t kv_heads, bool prefix_q);
+
+// One GEMM for several Linears that read the same input: x W^T with W = [W_0; W_1; ...] (rows stacked, so the
+// output's columns are [y_0 | y_1 | ...]), biases likewise (empty = no biases, else one per weight). Weights are
+// cast to x's dtype when they differ. The parameters stay separate tensors (their names, state dicts and
+// gradients are unchanged): the concatenation is a temporary of the forward and of the backward, never saved.
+at::Tensor merged_linear(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                         const std::vector<at::Tensor>& biases = {});
+
+// GeGLU on the merged gate+up output: gelu_tanh(merged[..., :F]) * merged[..., F:] (no autograd of its own:
+// geglu_linear is the differentiable form; this one is for tests and benchmarks). Dispatches like the others.
+at::Tensor geglu(const at::Tensor& merged);
+at::Tensor geglu_ref(const at::Tensor& merged);
+// The gradient of `merged` given the gradient of geglu(merged) (kernel on CUDA, gelu_backward in ATen elsewhere).
+at::Tensor geglu_backward(const at::Tensor& grad, const at::Tensor& merged);
+
+// down(geglu(merged)) = geglu(merged) W^T (+ b), as one autograd node that saves `merged` and recomputes the GeGLU
+// output in backward (it is the largest activation of the layer: Pi0.5's prefix MLP is 16,384 wide). `scope_fqn`
+// names the profiler scope of the down-projection GEMM (the GeGLU stays in the caller's scope); empty = none.
+at::Tensor geglu_linear(const at::Tensor& merged, const at::Tensor& weight, const at::Tensor& bias,
+                        const std::string& scope_fqn);
+
+// True when this process runs the CUDA kernels for tensors like `x` (CUDA build, CUDA tensor, fp32 or bf16).
+bool fused_kernels_apply(const at::Tensor& x);
+
+}  // namespace vlatune::kernels

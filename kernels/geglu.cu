@@ -1,0 +1,143 @@
+// GeGLU on the merged gate+up GEMM output: forward and backward (math in fused.h, design in fused.md).
+// Torch-free: raw pointers, a stream, VLATUNE_CUDA_CHECK.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda_check.h"
+#include "kernels/fused.h"
+#include "kernels/fused_device.cuh"
+
+namespace vlatune::kernels {
+
+using fused_detail::from_float;
+using fused_detail::kVec;
+using fused_detail::load_pack;
+using fused_detail::NvtxRange;
+using fused_detail::Pack;
+using fused_detail::round_to;
+using fused_detail::store_pack;
+using fused_detail::to_float;
+
+namespace {
+
+// A grid-stride loop over 16-byte vectors of the output, 256 threads, at most 8 blocks per SM resident
+// (pure streaming: the grid only has to cover the machine).
+constexpr int kThreads = 256;
+constexpr int kBlocksPerSm = 8;
+
+// ATen's gelu(approximate="tanh") in fp32 (aten/src/ATen/native/cuda/ActivationGeluKernel.cu), and its backward.
+constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi) = M_SQRT2 * M_2_SQRTPI * 0.5
+constexpr float kKappa = 0.044715f;
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+  const float inner = kBeta * (x + kKappa * (x * x * x));
+  return 0.5f * x * (1.f + tanhf(inner));
+}
+
+__device__ __forceinline__ float gelu_tanh_grad(float dy, float x) {
+  const float x_sq = x * x;
+  const float inner = kBeta * (x + kKappa * x_sq * x);
+  const float t = tanhf(inner);
+  const float left = 0.5f * x, right = 1.f + t;
+  const float left_derivative = 0.5f * right;
+  const float right_derivative = left * (1.f - t * t) * kBeta * (1.f + 3.f * kKappa * x_sq);
+  return dy * (left_derivative + right_derivative);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) geglu_fwd_kernel(const GegluParams p) {
+  constexpr int V = kVec<T>;
+  const int64_t vec_per_row = p.features / V;
+  const int64_t total = p.rows * vec_per_row;
+  const T* merged = static_cast<const T*>(p.merged);
+  T* out = static_cast<T*>(p.out);
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = idx / vec_per_row, c = (idx % vec_per_row) * V;
+    const T* row = merged + r * 2 * p.features;
+    const Pack<T, V> g = load_pack(row + c, 0);
+    const Pack<T, V> u = load_pack(row + p.features + c, 0);
+    Pack<T, V> o;
+#pragma unroll
+    for (int k = 0; k < V; ++k) o.v[k] = from_float<T>(round_to<T>(gelu_tanh(to_float(g.v[k]))) * to_float(u.v[k]));
+    store_pack(out + r * p.features + c, 0, o);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) geglu_bwd_kernel(const GegluParams p) {
+  constexpr int V = kVec<T>;
+  const int64_t vec_per_row = p.features / V;
+  const int64_t total = p.rows * vec_per_row;
+  const T* merged = static_cast<const T*>(p.merged);
+  const T* grad = static_cast<const T*>(p.grad_out);
+  T* out = static_cast<T*>(p.out);
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = idx / vec_per_row, c = (idx % vec_per_row) * V;
+    const T* row = merged + r * 2 * p.features;
+    const Pack<T, V> g = load_pack(row + c, 0);
+    const Pack<T, V> u = load_pack(row + p.features + c, 0);
+    const Pack<T, V> dy = load_pack(grad + r * p.features + c, 0);
+    Pack<T, V> dg, du;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float x = to_float(g.v[k]), up = to_float(u.v[k]), d = to_float(dy.v[k]);
+      // Autograd of gelu(gate) * up: d_gelu = round(d * up), d_gate = gelu_backward(d_gelu, gate),
+      // d_up = round(d * round(gelu(gate))).
+      dg.v[k] = from_float<T>(gelu_tanh_grad(round_to<T>(d * up), x));
+      du.v[k] = from_float<T>(d * round_to<T>(gelu_tanh(x)));
+    }
+    T* orow = out + r * 2 * p.features;
+    store_pack(orow + c, 0, dg);
+    store_pack(orow + p.features + c, 0, du);
+  }
+}
+
+template <typename T>
+void launch_typed(const GegluParams& p, bool forward, cudaStream_t stream) {
+  const int64_t total = p.rows * (p.features / kVec<T>);
+  const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads,
+                                           static_cast<int64_t>(fused_detail::sm_count()) * kBlocksPerSm);
+  if (forward) {
+    geglu_fwd_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+  } else {
+    geglu_bwd_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+  }
+}
+
+void launch(const GegluParams& p, bool forward, cudaStream_t stream) {
+  const char* op = forward ? "vlatune::geglu_fwd" : "vlatune::geglu_bwd";
+  if (!geglu_supported(p.dtype, p.features))
+    throw std::invalid_argument(std::string(op) + ": unsupported feature count " + std::to_string(p.features) +
+                                " (a multiple of 16 bytes)");
+  if (p.rows == 0) return;
+  NvtxRange range(op);
+  if (p.dtype == ActDtype::kBf16) {
+    launch_typed<__nv_bfloat16>(p, forward, stream);
+  } else {
+    launch_typed<float>(p, forward, stream);
+  }
+  VLATUNE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+bool geglu_supported(ActDtype dtype, int64_t features) {
+  const int vec = dtype == ActDtype::kBf16 ? 8 : 4;
+  return features > 0 && features % vec == 0;
+}
+
+void launch_geglu_fwd(const GegluParams& p, CUstream_st* stream) {
+  launch(p, true, stream);
+}
+
+void launch_geglu_bwd(const GegluParams& p, CUstream_st* stream) {
+  launch(p, false, stream);
+}
+
+}  // namespace vlatune::kernels

@@ -1,0 +1,441 @@
+// RMSNorm and adaRMS with the residual add fused: forward and backward (math in fused.h, design in fused.md).
+// Torch-free: raw pointers, a stream, VLATUNE_CUDA_CHECK.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "kernels/cuda_check.h"
+#include "kernels/fused.h"
+#include "kernels/fused_device.cuh"
+
+namespace vlatune::kernels {
+
+using fused_detail::block_sum_all;
+using fused_detail::from_float;
+using fused_detail::kVec;
+using fused_detail::load_pack;
+using fused_detail::NvtxRange;
+using fused_detail::Pack;
+using fused_detail::round_to;
+using fused_detail::store_pack;
+using fused_detail::to_float;
+
+namespace fused_detail {
+int sm_count() {
+  static const int count = [] {
+    int device = 0, n = 0;
+    VLATUNE_CUDA_CHECK(cudaGetDevice(&device));
+    VLATUNE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    return n;
+  }();
+  return count;
+}
+}  // namespace fused_detail
+
+namespace {
+
+// Work split: one block per row (forward) or a grid-stride over rows (RMSNorm backward, which accumulates the
+// weight gradient per block). A thread holds ITERS 16-byte vectors of the row in registers, so the row is read
+// once: threads = the row's vectors rounded up to a warp, capped at 256 (Pi0.5: width 2048 bf16 = 256 vectors,
+// one per thread; 1024 = 128 threads); ITERS = 1, 2 or 4 covers rows up to 1,024 vectors (8,192 bf16).
+constexpr int kMaxThreads = 256;
+constexpr int kMaxIters = 4;
+// The RMSNorm backward grid: 4 blocks per SM keep ~1,000 threads per SM in flight while the weight-gradient
+// partials stay small ([4 * SMs, width] fp32, 4.3 MB at width 2048 on 132 SMs, summed by the caller).
+constexpr int kBwdBlocksPerSm = 4;
+// adaRMS backward: a block takes kAdaRowsPerSplit tokens of one batch row, so Pi0.5's expert (32 x 50 tokens)
+// runs 32 x 4 blocks; the scale/shift/gate sums leave as [splits, batch, 3, width] partials.
+constexpr int kAdaRowsPerSplit = 16;
+
+struct RowShape {
+  int threads, iters;
+};
+
+template <typename T>
+RowShape row_shape(int64_t width) {
+  const int64_t nvec = width / kVec<T>;
+  int threads = static_cast<int>(std::min<int64_t>((nvec + 31) / 32 * 32, kMaxThreads));
+  int iters = static_cast<int>((nvec + threads - 1) / threads);
+  if (iters == 3) iters = 4;
+  return {threads, iters};
+}
+
+bool width_ok(ActDtype dtype, int64_t width) {
+  const int vec = dtype == ActDtype::kBf16 ? 8 : 4;
+  return width > 0 && width % vec == 0 && width / vec <= static_cast<int64_t>(kMaxThreads) * kMaxIters;
+}
+
+// ------------------------------------------------------------------------------------------------ RMSNorm
+
+template <typename T, int ITERS>
+__global__ void __launch_bounds__(kMaxThreads) rms_norm_fwd_kernel(const RmsNormFwdParams p) {
+  constexpr int V = kVec<T>;
+  const int64_t row = blockIdx.x;
+  const int nvec = static_cast<int>(p.width / V);
+  const T* x = static_cast<const T*>(p.x) + row * p.width;
+  const T* d = p.delta != nullptr ? static_cast<const T*>(p.delta) + row * p.width : nullptr;
+  float hv[ITERS][V];
+  float ss = 0.f;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int j = it * blockDim.x + threadIdx.x;
+    if (j >= nvec) continue;
+    Pack<T, V> xp = load_pack(x, j);
+    if (d != nullptr) {
+      const Pack<T, V> dp = load_pack(d, j);
+#pragma unroll
+      for (int k = 0; k < V; ++k) xp.v[k] = from_float<T>(to_float(xp.v[k]) + to_float(dp.v[k]));
+      store_pack(static_cast<T*>(p.h) + row * p.width, j, xp);
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      hv[it][k] = to_float(xp.v[k]);
+      ss += hv[it][k] * hv[it][k];
+    }
+  }
+  ss = block_sum_all(ss);
+  const float rstd = rsqrtf(ss / static_cast<float>(p.width) + p.eps);
+  if (threadIdx.x == 0) p.rstd[row] = rstd;
+  T* y = static_cast<T*>(p.y) + row * p.width;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int j = it * blockDim.x + threadIdx.x;
+    if (j >= nvec) continue;
+    const Pack<float, 4>* w4 = reinterpret_cast<const Pack<float, 4>*>(p.weight + static_cast<int64_t>(j) * V);
+    Pack<T, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float w = w4[k / 4].v[k % 4];
+      out.v[k] = from_float<T>(__fmul_rn(hv[it][k] * rstd, w + 1.f));  // (h * rstd) * (1 + w), the reference's order
+    }
+    store_pack(y, j, out);
+  }
+}
+
+template <typename T, int ITERS>
+__global__ void __launch_bounds__(kMaxThreads) rms_norm_bwd_kernel(const RmsNormBwdParams p) {
+  constexpr int V = kVec<T>;
+  const int nvec = static_cast<int>(p.width / V);
+  const float inv_width = 1.f / static_cast<float>(p.width);
+  float w1[ITERS][V], wacc[ITERS][V];
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int j = it * blockDim.x + threadIdx.x;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      w1[it][k] = j < nvec ? p.weight[static_cast<int64_t>(j) * V + k] + 1.f : 0.f;
+      wacc[it][k] = 0.f;
+    }
+  }
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const float rstd = p.rstd[row];
+    const int64_t base = row * p.width;
+    float n[ITERS][V], g[ITERS][V];
+    float dot = 0.f;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int j = it * blockDim.x + threadIdx.x;
+      if (j >= nvec) continue;
+      const Pack<T, V> hp = load_pack(static_cast<const T*>(p.h) + base, j);
+      const Pack<T, V> gp = load_pack(static_cast<const T*>(p.grad_y) + base, j);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        n[it][k] = to_float(hp.v[k]) * rstd;
+        const float gy = to_float(gp.v[k]);
+        g[it][k] = gy * w1[it][k];
+        wacc[it][k] += gy * n[it][k];
+        dot += g[it][k] * n[it][k];
+      }
+    }
+    dot = block_sum_all(dot) * inv_width;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int j = it * blockDim.x + threadIdx.x;
+      if (j >= nvec) continue;
+      float extra[V] = {};
+      if (p.grad_h != nullptr) {
+        const Pack<T, V> ghp = load_pack(static_cast<const T*>(p.grad_h) + base, j);
+#pragma unroll
+        for (int k = 0; k < V; ++k) extra[k] = to_float(ghp.v[k]);
+      }
+      Pack<T, V> out;
+#pragma unroll
+      for (int k = 0; k < V; ++k) out.v[k] = from_float<T>(rstd * (g[it][k] - n[it][k] * dot) + extra[k]);
+      store_pack(static_cast<T*>(p.grad_x) + base, j, out);
+    }
+  }
+  float* partial = p.weight_partials + static_cast<int64_t>(blockIdx.x) * p.width;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int j = it * blockDim.x + threadIdx.x;
+    if (j >= nvec) continue;
+#pragma unroll
+    for (int k = 0; k < V; ++k) partial[static_cast<int64_t>(j) * V + k] = wacc[it][k];
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ adaRMS
+
+template <typename T, int ITERS>
+__global__ void __launch_bounds__(kMaxThreads) adarms_norm_fwd_kernel(const AdaRmsNormFwdParams p) {
+  constexpr int V = kVec<T>;
+  const int64_t row = blockIdx.x;
+  const int64_t b = row / p.tokens;
+  const int nvec = static_cast<int>(p.width / V);
+  const int64_t base = row * p.width;
+  float hv[ITERS][V];
+  float ss = 0.f;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int j = it * blockDim.x + threadIdx.x;
+    if (j >= nvec) continue;
+    Pack<T, V> xp = load_pack(static_cast<const T*>(p.x) + base, j);
+    if (p.delta != nullptr) {
+      const Pack<T, V> dp = load_pack(static_cast<const T*>(p.delta) + base, j);
+      const Pack<T, V> gp = load_pack(static_cast<const T*>(p.gate) + b * p.gate_stride, j);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float gd = round_to<T>(to_float(gp.v[k]) * to_float(dp.v[k]));
+        xp.v[k] = from_float<T>(to_float(xp.v[k]) + gd);
+      }
+      store_pack(static_cast<T*>(p.h) + base, j, xp);
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      hv[it][k] = to_float(xp.v[k]);
+      ss += hv[it][k] * hv[it][k];
+    }
+  }
+  ss = block_sum_all(ss);
+  const float rstd = rsqrtf(ss / static_cast<float>(p.width) + p.eps);
+  if (threadIdx.x == 0) p.rstd[row] = rstd;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int j = it * blockDim.x + threadIdx.x;
+    if (j >= nvec) continue;
+    const Pack<T, V> sc = load_pack(static_cast<const T*>(p.scale) + b * p.mod_stride, j);
+    const Pack<T, V> sh = load_pack(static_cast<const T*>(p.shift) + b * p.mod_stride, j);
+    Pack<T, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float scaled = __fmul_rn(hv[it][k] * rstd, to_float(sc.v[k]) + 1.f);
+      out.v[k] = from_float<T>(__fadd_rn(scaled, to_float(sh.v[k])));
+    }
+    store_pack(static_cast<T*>(p.y) + base, j, out);
+  }
+}
+
+template <typename T, int ITERS>
+__global__ void __launch_bounds__(kMaxThreads) adarms_norm_bwd_kernel(const AdaRmsNormBwdParams p) {
+  constexpr int V = kVec<T>;
+  const int64_t b = blockIdx.y;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kAdaRowsPerSplit;
+  const int64_t t1 = t0 + kAdaRowsPerSplit < p.tokens ? t0 + kAdaRowsPerSplit : p.tokens;
+  const int nvec = static_cast<int>(p.width / V);
+  const float inv_width = 1.f / static_cast<float>(p.width);
+  float s1[ITERS][V], gate[ITERS][V], acc_scale[ITERS][V], acc_shift[ITERS][V], acc_gate[ITERS][V];
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int j = it * blockDim.x + threadIdx.x;
+    Pack<T, V> sc{}, gt{};
+    if (j < nvec) {
+      sc = load_pack(static_cast<const T*>(p.scale) + b * p.mod_stride, j);
+      if (p.delta != nullptr) gt = load_pack(static_cast<const T*>(p.gate) + b * p.gate_stride, j);
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      s1[it][k] = to_float(sc.v[k]) + 1.f;
+      gate[it][k] = p.delta != nullptr ? to_float(gt.v[k]) : 0.f;
+      acc_scale[it][k] = acc_shift[it][k] = acc_gate[it][k] = 0.f;
+    }
+  }
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t row = b * p.tokens + t;
+    const int64_t base = row * p.width;
+    const float rstd = p.rstd[row];
+    float n[ITERS][V], g[ITERS][V], dv[ITERS][V];
+    float dot = 0.f;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int j = it * blockDim.x + threadIdx.x;
+      if (j >= nvec) continue;
+      const Pack<T, V> xp = load_pack(static_cast<const T*>(p.x) + base, j);
+      const Pack<T, V> gp = load_pack(static_cast<const T*>(p.grad_y) + base, j);
+      Pack<T, V> dp{};
+      if (p.delta != nullptr) dp = load_pack(static_cast<const T*>(p.delta) + base, j);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        float h = to_float(xp.v[k]);
+        if (p.delta != nullptr) {
+          dv[it][k] = to_float(dp.v[k]);
+          h = round_to<T>(h + round_to<T>(gate[it][k] * dv[it][k]));  // the forward's h, bit for bit
+        }
+        n[it][k] = h * rstd;
+        const float gy = to_float(gp.v[k]);
+        g[it][k] = gy * s1[it][k];
+        acc_scale[it][k] += gy * n[it][k];
+        acc_shift[it][k] += gy;
+        dot += g[it][k] * n[it][k];
+      }
+    }
+    dot = block_sum_all(dot) * inv_width;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int j = it * blockDim.x + threadIdx.x;
+      if (j >= nvec) continue;
+      float extra[V] = {};
+      if (p.grad_h != nullptr) {
+        const Pack<T, V> ghp = load_pack(static_cast<const T*>(p.grad_h) + base, j);
+#pragma unroll
+        for (int k = 0; k < V; ++k) extra[k] = to_float(ghp.v[k]);
+      }
+      Pack<T, V> gx, gd;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float dh = rstd * (g[it][k] - n[it][k] * dot) + extra[k];
+        gx.v[k] = from_float<T>(dh);
+        if (p.delta != nullptr) {
+          gd.v[k] = from_float<T>(dh * gate[it][k]);
+          acc_gate[it][k] += dh * dv[it][k];
+        }
+      }
+      store_pack(static_cast<T*>(p.grad_x) + base, j, gx);
+      if (p.delta != nullptr) store_pack(static_cast<T*>(p.grad_delta) + base, j, gd);
+    }
+  }
+  // partials[split][b][0..2][:]
+  float* out = p.partials + ((static_cast<int64_t>(blockIdx.x) * p.batch + b) * 3) * p.width;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int j = it * blockDim.x + threadIdx.x;
+    if (j >= nvec) continue;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int64_t c = static_cast<int64_t>(j) * V + k;
+      out[c] = acc_scale[it][k];
+      out[p.width + c] = acc_shift[it][k];
+      out[2 * p.width + c] = acc_gate[it][k];
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ launchers
+
+template <typename T, typename Params, typename Launch>
+void dispatch_iters(const Params& p, Launch&& launch) {
+  const RowShape s = row_shape<T>(p.width);
+  switch (s.iters) {
+    case 1:
+      launch(std::integral_constant<int, 1>{}, s.threads);
+      break;
+    case 2:
+      launch(std::integral_constant<int, 2>{}, s.threads);
+      break;
+    default:
+      launch(std::integral_constant<int, 4>{}, s.threads);
+      break;
+  }
+}
+
+void check_width(const char* op, ActDtype dtype, int64_t width) {
+  if (!width_ok(dtype, width))
+    throw std::invalid_argument(std::string(op) + ": unsupported width " + std::to_string(width) +
+                                " (a multiple of 16 bytes, at most 4,096 vectors; call rms_norm_supported first)");
+}
+
+template <typename T>
+void rms_fwd_typed(const RmsNormFwdParams& p, cudaStream_t stream) {
+  dispatch_iters<T>(p, [&](auto iters, int threads) {
+    rms_norm_fwd_kernel<T, decltype(iters)::value><<<static_cast<unsigned>(p.rows), threads, 0, stream>>>(p);
+  });
+}
+template <typename T>
+void rms_bwd_typed(const RmsNormBwdParams& p, cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned>(rms_norm_bwd_blocks(p.rows));
+  dispatch_iters<T>(p, [&](auto iters, int threads) {
+    rms_norm_bwd_kernel<T, decltype(iters)::value><<<blocks, threads, 0, stream>>>(p);
+  });
+}
+template <typename T>
+void ada_fwd_typed(const AdaRmsNormFwdParams& p, cudaStream_t stream) {
+  const auto rows = static_cast<unsigned>(p.batch * p.tokens);
+  dispatch_iters<T>(p, [&](auto iters, int threads) {
+    adarms_norm_fwd_kernel<T, decltype(iters)::value><<<rows, threads, 0, stream>>>(p);
+  });
+}
+template <typename T>
+void ada_bwd_typed(const AdaRmsNormBwdParams& p, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(adarms_norm_bwd_splits(p.tokens)), static_cast<unsigned>(p.batch));
+  dispatch_iters<T>(p, [&](auto iters, int threads) {
+    adarms_norm_bwd_kernel<T, decltype(iters)::value><<<grid, threads, 0, stream>>>(p);
+  });
+}
+
+}  // namespace
+
+bool rms_norm_supported(ActDtype dtype, int64_t width) {
+  return width_ok(dtype, width);
+}
+
+int64_t rms_norm_bwd_blocks(int64_t rows) {
+  return std::max<int64_t>(1,
+                           std::min<int64_t>(rows, static_cast<int64_t>(fused_detail::sm_count()) * kBwdBlocksPerSm));
+}
+
+int64_t adarms_norm_bwd_splits(int64_t tokens) {
+  return std::max<int64_t>(1, (tokens + kAdaRowsPerSplit - 1) / kAdaRowsPerSplit);
+}
+
+void launch_rms_norm_fwd(const RmsNormFwdParams& p, CUstream_st* stream) {
+  check_width("launch_rms_norm_fwd", p.dtype, p.width);
+  if (p.rows == 0) return;
+  NvtxRange range("vlatune::rms_norm_fwd");
+  if (p.dtype == ActDtype::kBf16) {
+    rms_fwd_typed<__nv_bfloat16>(p, stream);
+  } else {
+    rms_fwd_typed<float>(p, stream);
+  }
+  VLATUNE_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_rms_norm_bwd(const RmsNormBwdParams& p, CUstream_st* stream) {
+  check_width("launch_rms_norm_bwd", p.dtype, p.width);
+  if (p.rows == 0) return;
+  NvtxRange range("vlatune::rms_norm_bwd");
+  if (p.dtype == ActDtype::kBf16) {
+    rms_bwd_typed<__nv_bfloat16>(p, stream);
+  } else {
+    rms_bwd_typed<float>(p, stream);
+  }
+  VLATUNE_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_adarms_norm_fwd(const AdaRmsNormFwdParams& p, CUstream_st* stream) {
+  check_width("launch_adarms_norm_fwd", p.dtype, p.width);
+  if (p.batch * p.tokens == 0) return;
+  NvtxRange range("vlatune::adarms_norm_fwd");
+  if (p.dtype == ActDtype::kBf16) {
+    ada_fwd_typed<__nv_bfloat16>(p, stream);
+  } else {
+    ada_fwd_typed<float>(p, stream);
+  }
+  VLATUNE_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_adarms_norm_bwd(const AdaRmsNormBwdParams& p, CUstream_st* stream) {
+  check_width("launch_adarms_norm_bwd", p.dtype, p.width);
+  if (p.batch * p.tokens == 0) return;
+  NvtxRange range("vlatune::adarms_norm_bwd");
+  if (p.dtype == ActDtype::kBf16) {
+    ada_bwd_typed<__nv_bfloat16>(p, stream);
+  } else {
+    ada_bwd_typed<float>(p, stream);
+  }
+  VLATUNE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace vlatune::kernels

@@ -1,0 +1,162 @@
+#include "profiler/attribution.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+namespace vlatune::profiler {
+
+namespace {
+
+bool contains(const std::string& s, const char* part) {
+  return s.find(part) != std::string::npos;
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+struct KernelAcc {
+  std::string category;
+  double calls = 0, ms = 0;
+};
+
+std::vector<formats::KernelStat> sorted_stats(const std::unordered_map<std::string, KernelAcc>& acc, double steps) {
+  std::vector<formats::KernelStat> out;
+  for (const auto& [name, a] : acc) out.push_back({name, a.category, a.calls / steps, a.ms / steps});
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return a.ms != b.ms ? a.ms > b.ms : a.name < b.name; });
+  return out;
+}
+
+}  // namespace
+
+std::string kernel_category(const std::string& name, ActivityKind kind) {
+  if (kind == ActivityKind::kMemcpy) return "memcpy";
+  if (kind == ActivityKind::kMemset) return "memset";
+  const std::string n = lower(name);
+  if (contains(n, "nccl")) return "communication";
+  if (contains(n, "flash") || contains(n, "fmha") || contains(n, "attention") || contains(n, "sdpa") ||
+      contains(n, "cudnn"))
+    return "attention";
+  if (contains(n, "adamw") || contains(n, "multi_tensor") || contains(n, "grad_norm")) return "optimizer";
+  if (contains(n, "gemm") || contains(n, "nvjet") || contains(n, "cutlass") || contains(n, "xmma") ||
+      contains(n, "cublas") || contains(n, "aten::mm") || contains(n, "aten::addmm") || contains(n, "aten::bmm") ||
+      contains(n, "aten::linear") || contains(n, "aten::matmul") || contains(n, "scaled_mm") ||
+      contains(n, "convolution") || contains(n, "conv2d"))
+    return "gemm";
+  if (contains(n, "reduce") || contains(n, "norm") || contains(n, "softmax") || contains(n, "aten::sum") ||
+      contains(n, "aten::mean"))
+    return "reduction";
+  if (contains(n, "elementwise") || contains(n, "vectorized") || contains(n, "unrolled") || contains(n, "vlatune") ||
+      contains(n, "aten::"))
+    return "elementwise";
+  return "other";
+}
+
+AttributionResult attribute(const TraceData& trace, int64_t steps, const std::map<std::string, ModuleInfo>& modules) {
+  const double per_step = static_cast<double>(std::max<int64_t>(steps, 1));
+  std::unordered_map<uint32_t, uint64_t> external_of;  // CUPTI correlation id -> scope instance
+  for (const auto& c : trace.correlations) external_of[c.correlation_id] = c.external_id;
+  std::unordered_map<uint64_t, const ScopeRecord*> instance;
+  for (const auto& s : trace.scopes) instance[s.id] = &s;
+
+  // Module rows in order of first appearance.
+  std::vector<formats::ModuleCost> rows;
+  std::unordered_map<int32_t, size_t> row_of;
+  auto row = [&](int32_t fqn) -> formats::ModuleCost& {
+    auto it = row_of.find(fqn);
+    if (it != row_of.end()) return rows[it->second];
+    formats::ModuleCost m;
+    m.fqn = trace.names.at(static_cast<size_t>(fqn));
+    auto info = modules.find(m.fqn);
+    if (info != modules.end()) {
+      m.kind = info->second.kind;
+      m.parameter_bytes = info->second.parameter_bytes;
+    } else {
+      m.kind = !m.fqn.empty() && m.fqn[0] == '<' ? "pseudo" : "module";
+    }
+    row_of.emplace(fqn, rows.size());
+    rows.push_back(std::move(m));
+    return rows.back();
+  };
+  for (const auto& s : trace.scopes) {
+    if (s.fqn >= 0) row(s.fqn);
+  }
+
+  AttributionResult result;
+  std::unordered_map<std::string, KernelAcc> all, unattributed;
+  double total_ms = 0, attributed_ms = 0;
+  std::vector<int32_t> chain;
+  for (const ActivityRecord& a : trace.activities) {
+    const double ms = static_cast<double>(a.end_ns > a.start_ns ? a.end_ns - a.start_ns : 0) / 1e6;
+    total_ms += ms;
+    KernelAcc& k = all[a.name];
+    if (k.category.empty()) k.category = kernel_category(a.name, a.kind);
+    k.calls += 1;
+    k.ms += ms;
+    if (a.graph_node != 0) ++result.graph_kernels;
+
+    uint64_t ext = a.external_id;
+    if (ext == 0) {
+      auto it = external_of.find(a.correlation_id);
+      if (it != external_of.end()) ext = it->second;
+    }
+    auto inst = ext != 0 ? instance.find(ext) : instance.end();
+    if (inst == instance.end()) {
+      KernelAcc& u = unattributed[a.name];
+      u.category = k.category;
+      u.calls += 1;
+      u.ms += ms;
+      continue;
+    }
+    attributed_ms += ms;
+    const ScopeRecord& s = *inst->second;
+    row(s.fqn).self_ms += ms / per_step;
+    // Ancestry: the instance's module, then its parents' (distinct modules only).
+    chain.clear();
+    chain.push_back(s.fqn);
+    for (uint64_t p = s.parent; p != 0;) {
+      auto pit = instance.find(p);
+      if (pit == instance.end()) break;
+      if (std::find(chain.begin(), chain.end(), pit->second->fqn) == chain.end()) chain.push_back(pit->second->fqn);
+      p = pit->second->parent;
+    }
+    for (int32_t fqn : chain) {
+      formats::ModuleCost& m = row(fqn);
+      m.kernels += 1;  // launches, inclusive; divided by the step count below
+      switch (s.phase) {
+        case Phase::kBackward:
+          m.backward_ms += ms / per_step;
+          break;
+        case Phase::kRecompute:
+          m.recompute_ms += ms / per_step;
+          break;
+        default:
+          m.forward_ms += ms / per_step;
+          break;
+      }
+    }
+  }
+  for (auto& m : rows) m.kernels = static_cast<int64_t>(static_cast<double>(m.kernels) / per_step + 0.5);
+
+  // Activation bytes: allocator growth over each forward (not recompute) instance, per step.
+  std::unordered_map<int32_t, double> activation;
+  for (const auto& s : trace.scopes) {
+    if (s.phase != Phase::kForward || s.allocated_begin < 0 || s.allocated_end < 0 || s.fqn < 0) continue;
+    activation[s.fqn] += static_cast<double>(s.allocated_end - s.allocated_begin);
+  }
+  for (const auto& [fqn, bytes] : activation) {
+    row(fqn).activation_bytes = std::max<int64_t>(0, static_cast<int64_t>(bytes / per_step));
+  }
+
+  result.modules = std::move(rows);
+  result.kernels = sorted_stats(all, per_step);
+  result.attribution.gpu_ms = total_ms / per_step;
+  result.attribution.attributed_fraction = total_ms > 0 ? attributed_ms / total_ms : 1.0;
+  result.attribution.dropped_records = static_cast<int64_t>(trace.dropped_records);
+  result.attribution.unattributed = sorted_stats(unattributed, per_step);
+  return result;
+}
+
+}  // namespace vlatune::profiler

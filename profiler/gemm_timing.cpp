@@ -1,0 +1,96 @@
+#include "profiler/gemm_timing.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <vector>
+
+#ifdef VLATUNE_HAVE_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace vlatune::profiler {
+
+#ifdef VLATUNE_HAVE_CUDA
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
+}
+
+// Median ms of `body` over `reps` runs, each after overwriting a buffer larger than the H200's 50 MB L2.
+template <typename Body>
+double time_cold(const at::Tensor& flush, int reps, Body&& body) {
+  body();  // warm-up: cuBLAS heuristics, allocator
+  at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+  std::vector<double> ms;
+  for (int r = 0; r < reps; ++r) {
+    flush.fill_(r);
+    auto stream = c10::cuda::getCurrentCUDAStream();
+    start.record(stream);
+    body();
+    stop.record(stream);
+    stop.synchronize();
+    ms.push_back(start.elapsed_time(stop));
+  }
+  return median(ms);
+}
+
+// Tensorwise quantization as the trainer's unfused path runs it: amax, scale = fp8_max / amax, scaled cast.
+std::pair<at::Tensor, at::Tensor> quantize(const at::Tensor& x, at::ScalarType fp8, double fp8_max) {
+  auto amax = x.abs().amax().to(at::kFloat).clamp_min(1e-12);
+  auto scale = fp8_max / amax;
+  auto q = (x.to(at::kFloat) * scale).clamp(-fp8_max, fp8_max).to(fp8);
+  return {q, scale.reciprocal()};
+}
+
+}  // namespace
+
+GemmTiming time_gemm(int64_t m, int64_t k, int64_t n, int repetitions) {
+  if (!at::hasCUDA()) throw std::runtime_error("GEMM timing needs a CUDA device");
+  const auto bf16 = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  at::Tensor flush = at::empty({int64_t{256} << 20}, at::TensorOptions().device(at::kCUDA).dtype(at::kByte));
+  at::Tensor x = at::randn({m, k}, bf16), w = at::randn({n, k}, bf16), dy = at::randn({m, n}, bf16);
+  GemmTiming t;
+  t.bf16.forward_ms = time_cold(flush, repetitions, [&] { at::mm(x, w.t()); });
+  t.bf16.grad_input_ms = time_cold(flush, repetitions, [&] { at::mm(dy, w); });
+  t.bf16.grad_weight_ms = time_cold(flush, repetitions, [&] { at::mm(dy.t(), x); });
+
+  if (m % 16 == 0 && k % 16 == 0 && n % 16 == 0) {
+    constexpr double kE4m3Max = 448.0, kE5m2Max = 57344.0;
+    auto [xq, xs] = quantize(x, at::kFloat8_e4m3fn, kE4m3Max);
+    auto [wq, ws] = quantize(w, at::kFloat8_e4m3fn, kE4m3Max);
+    auto [gq, gs] = quantize(dy, at::kFloat8_e5m2, kE5m2Max);
+    // _scaled_mm wants A row-major and B column-major: B = W^T is W's transpose view (column-major) for the
+    // forward; the gradients need transposed copies (W^T row-major for dx, dy^T and x^T row-major for dW).
+    at::Tensor wt = wq.t().contiguous(), gt = gq.t().contiguous(), xt = xq.t().contiguous();
+    formats::GemmTimes f;
+    f.forward_ms = time_cold(flush, repetitions, [&] { at::_scaled_mm(xq, wq.t(), xs, ws, {}, {}, at::kBFloat16); });
+    f.grad_input_ms = time_cold(flush, repetitions, [&] { at::_scaled_mm(gq, wt.t(), gs, ws, {}, {}, at::kBFloat16); });
+    f.grad_weight_ms =
+        time_cold(flush, repetitions, [&] { at::_scaled_mm(gt, xt.t(), gs, xs, {}, {}, at::kBFloat16); });
+    t.fp8 = f;
+    t.quant_ms = time_cold(flush, repetitions, [&] {
+      auto a = quantize(x, at::kFloat8_e4m3fn, kE4m3Max);
+      auto b = quantize(w, at::kFloat8_e4m3fn, kE4m3Max);
+      auto c = quantize(dy, at::kFloat8_e5m2, kE5m2Max);
+      (void)b.first.t().contiguous();
+      (void)c.first.t().contiguous();
+      (void)a.first.t().contiguous();
+    });
+  }
+  return t;
+}
+
+#else
+
+GemmTiming time_gemm(int64_t, int64_t, int64_t, int) {
+  throw std::runtime_error("GEMM timing needs a CUDA build");
+}
+
+#endif
+
+}  // namespace vlatune::profiler

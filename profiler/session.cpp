@@ -1,0 +1,512 @@
+#include "profiler/session.h"
+
+#include <c10/core/Device.h>
+#include <c10/util/Exception.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <iomanip>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "formats/json_io.h"
+#include "profiler/attribution.h"
+#include "profiler/cpu_tracer.h"
+#include "profiler/gemm_timing.h"
+#include "profiler/scope_recorder.h"
+#include "profiler/trace_export.h"
+
+#ifdef VLATUNE_HAVE_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace vlatune::profiler {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+const std::string kLm = "paligemma_with_expert.paligemma.model.language_model.layers.";
+const std::string kExpert = "paligemma_with_expert.gemma_expert.model.layers.";
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
+}
+
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+// Device memory through the caching allocator (CUDA only).
+struct Memory {
+  bool cuda = false;
+  int64_t allocated() const {
+#ifdef VLATUNE_HAVE_CUDA
+    if (cuda) {
+      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+      return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
+    }
+#endif
+    return 0;
+  }
+  double peak_gib() const {
+#ifdef VLATUNE_HAVE_CUDA
+    if (cuda) {
+      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+      return static_cast<double>(
+                 stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak) /
+             kGiB;
+    }
+#endif
+    return 0.0;
+  }
+  void reset_peak() const {
+#ifdef VLATUNE_HAVE_CUDA
+    if (cuda) c10::cuda::CUDACachingAllocator::resetPeakStats(0);
+#endif
+  }
+  void release_cache() const {
+#ifdef VLATUNE_HAVE_CUDA
+    if (cuda) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+  }
+};
+
+// A joint unit named by the expert branch stands for the backbone's name (one unit, two names).
+std::string canonical_unit(const std::string& fqn) {
+  if (!starts_with(fqn, kExpert)) return fqn;
+  const std::string rest = fqn.substr(kExpert.size());  // "i" | "i.self_attn" | "i.mlp"
+  const auto dot = rest.find('.');
+  if (dot == std::string::npos || rest.substr(dot) == ".self_attn") return kLm + rest;
+  return fqn;
+}
+
+bool unit_contains(const std::string& outer, const std::string& inner) {
+  const std::string o = canonical_unit(outer), i = canonical_unit(inner);
+  return starts_with(i, o + ".");
+}
+
+// Is module `fqn` recomputed under `selection`? (Inside a selected unit; joint units cover both branches.)
+bool covered(const std::string& fqn, const std::vector<std::string>& selection) {
+  for (const auto& sel : selection) {
+    const std::string s = canonical_unit(sel);
+    if (fqn == s || starts_with(fqn, s + ".")) return true;
+    if (starts_with(s, kLm)) {  // the expert half of a joint unit
+      const std::string rest = s.substr(kLm.size());
+      const auto dot = rest.find('.');
+      const bool layer = dot == std::string::npos, attention = !layer && rest.substr(dot) == ".self_attn";
+      if (layer || attention) {
+        const std::string twin = kExpert + rest;
+        if (fqn == twin || starts_with(fqn, twin + ".")) return true;
+      }
+    }
+  }
+  return false;
+}
+
+std::string module_kind(const torch::nn::Module& m) {
+  std::string name = m.name();
+  const auto colon = name.rfind("::");
+  if (colon != std::string::npos) name = name.substr(colon + 2);
+  if (name.size() > 4 && name.compare(name.size() - 4, 4, "Impl") == 0) name.resize(name.size() - 4);
+  return name;
+}
+
+std::map<std::string, ModuleInfo> module_infos(const model::Pi05Impl& model) {
+  std::map<std::string, ModuleInfo> out;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    ModuleInfo info;
+    info.kind = module_kind(*item.value());
+    for (const auto& p : item.value()->parameters()) info.parameter_bytes += static_cast<int64_t>(p.nbytes());
+    out.emplace(item.key(), info);
+  }
+  return out;
+}
+
+struct Timed {
+  std::vector<double> ms;
+  double peak_gib = 0;
+};
+
+class Session {
+ public:
+  Session(model::Pi05Impl& model, const StepDriver& driver, const ProfileOptions& options, std::ostream& log)
+      : model_(model), driver_(driver), opt_(options), log_(log) {
+    memory_.cuda = model.parameters().front().is_cuda();
+    baseline_ = model.recompute_selection();
+  }
+
+  formats::Profile run();
+
+ private:
+  Timed time_steps(int64_t warmup, int64_t n);
+  formats::BatchProfile profile_batch(int64_t batch, bool first, TraceData* trace_out, double* traced_ms);
+  std::unique_ptr<Tracer> make_tracer();
+  std::map<std::string, int64_t> probe_output_bytes();
+  void recompute_ab(formats::BatchProfile& b, const Timed& base);
+  std::vector<formats::GemmEntry> gemm_inventory(const std::vector<GemmShapeRecord>& shapes);
+
+  model::Pi05Impl& model_;
+  const StepDriver& driver_;
+  const ProfileOptions& opt_;
+  std::ostream& log_;
+  Memory memory_;
+  std::vector<std::string> baseline_;
+  int64_t next_step_ = 0;
+  std::string tracer_kind_ = "none";
+  std::vector<std::string> degraded_;
+};
+
+Timed Session::time_steps(int64_t warmup, int64_t n) {
+  Timed t;
+  for (int64_t i = 0; i < warmup; ++i) driver_.run_step(next_step_++);
+  memory_.reset_peak();
+  for (int64_t i = 0; i < n; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    driver_.run_step(next_step_++);
+    t.ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  t.peak_gib = memory_.peak_gib();
+  return t;
+}
+
+std::unique_ptr<Tracer> Session::make_tracer() {
+  const std::string want = opt_.tracer == "auto" ? (memory_.cuda ? "cupti" : "cpu") : opt_.tracer;
+  if (want == "cupti") return std::make_unique<CuptiTracer>(make_cupti_activity_api());
+  if (want == "cpu") return std::make_unique<CpuTracer>();
+  return nullptr;
+}
+
+formats::BatchProfile Session::profile_batch(int64_t batch, bool first, TraceData* trace_out, double* traced_ms) {
+  formats::BatchProfile b;
+  b.batch = batch;
+  driver_.set_batch(batch);
+  log_ << "profile: batch " << batch << ": " << opt_.warmup << " warm-up + " << opt_.timed_steps << " timed steps"
+       << std::endl;
+  const Timed timed = time_steps(opt_.warmup, opt_.timed_steps);
+  b.step_ms_samples = timed.ms;
+  b.step_ms = median(timed.ms);
+  if (memory_.cuda) b.peak_gib = timed.peak_gib;
+
+  // Traced steps.
+  std::unique_ptr<Tracer> tracer = make_tracer();
+  if (tracer) {
+    const ApiResult started = tracer->start();
+    if (!started.ok()) {
+      const std::string why =
+          std::string(started.status == ApiStatus::kBusy ? "another CUPTI client (nsys, ncu, a sanitizer?) holds CUPTI"
+                                                         : "CUPTI unavailable") +
+          " (" + started.message + "): per-module times are missing; step times are measured";
+      if (first) degraded_.push_back(why);
+      log_ << "profile: " << why << std::endl;
+      tracer.reset();
+    } else {
+      tracer_kind_ = tracer->kind();
+    }
+  }
+  std::map<std::string, double> phase_peak;
+  int64_t step_start_alloc = 0;
+  double activation_sum = 0;
+  ScopeRecorder recorder(
+      tracer.get(),
+      memory_.cuda ? std::function<int64_t()>([this] { return memory_.allocated(); }) : std::function<int64_t()>(),
+      memory_.cuda);
+  recorder.set_phase_listener([&](Phase ended) {
+    if (memory_.cuda) {
+      auto& p = phase_peak[phase_name(ended)];
+      p = std::max(p, memory_.peak_gib());
+      memory_.reset_peak();
+      if (ended == Phase::kForward) activation_sum += static_cast<double>(memory_.allocated() - step_start_alloc);
+    }
+  });
+  recorder.install();
+  driver_.run_step(next_step_++);  // instrumentation cost (CUPTI patches kernels at first launch) paid here
+  TraceData discard;
+  recorder.take(&discard);
+  phase_peak.clear();
+  activation_sum = 0;
+  if (tracer) tracer->begin_window();
+  const int64_t first_traced = next_step_;
+  std::vector<double> traced;
+  for (int64_t i = 0; i < opt_.steps; ++i) {
+    recorder.set_step(next_step_);
+    recorder.reset_phase();
+    memory_.reset_peak();
+    step_start_alloc = memory_.allocated();
+    const auto t0 = std::chrono::steady_clock::now();
+    driver_.run_step(next_step_++);
+    traced.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    if (memory_.cuda) {
+      auto& p = phase_peak["optimizer"];
+      p = std::max(p, memory_.peak_gib());
+    }
+  }
+  if (tracer) tracer->end_window();
+  recorder.uninstall();
+  TraceData trace;
+  if (tracer) {
+    tracer->take(&trace);
+    tracer->stop();
+  }
+  recorder.take(&trace);
+  *traced_ms = median(traced);
+
+  const AttributionResult a = attribute(trace, opt_.steps, module_infos(model_));
+  b.modules = a.modules;
+  b.kernels = a.kernels;
+  b.attribution = a.attribution;
+  if (a.graph_kernels > 0 && first)
+    degraded_.push_back(std::to_string(a.graph_kernels) +
+                        " kernels were replayed from CUDA graphs: attributed to "
+                        "their launch's module only");
+  for (auto& m : b.modules) m.recomputed = covered(m.fqn, baseline_);
+
+  // Memory.
+  int64_t params = 0;
+  for (const auto& p : model_.parameters()) params += static_cast<int64_t>(p.nbytes());
+  b.memory.parameter_bytes = params;
+  b.memory.gradient_bytes = params;  // one gradient per parameter, same dtype
+  if (driver_.optimizer_state_bytes) b.memory.optimizer_bytes = driver_.optimizer_state_bytes();
+  if (memory_.cuda) {
+    b.memory.activation_bytes = static_cast<int64_t>(activation_sum / static_cast<double>(opt_.steps));
+    b.memory.peak_gib_by_phase = phase_peak;
+  }
+  if (trace_out) {
+    // Keep the first trace_steps steps.
+    uint64_t cutoff = 0;
+    for (const auto& s : trace.scopes)
+      if (s.step < first_traced + opt_.trace_steps) cutoff = std::max(cutoff, s.end_ns);
+    TraceData kept;
+    kept.names = trace.names;
+    kept.correlations = trace.correlations;
+    for (const auto& s : trace.scopes)
+      if (s.step < first_traced + opt_.trace_steps) kept.scopes.push_back(s);
+    for (const auto& x : trace.activities)
+      if (x.start_ns <= cutoff) kept.activities.push_back(x);
+    kept.gemms = trace.gemms;
+    *trace_out = std::move(kept);
+  }
+  log_ << "profile: batch " << batch << ": step " << std::fixed << std::setprecision(1) << b.step_ms << " ms";
+  if (b.peak_gib) log_ << ", peak " << std::setprecision(2) << *b.peak_gib << " GiB";
+  log_ << ", attributed " << std::setprecision(2) << 100.0 * b.attribution.attributed_fraction << "% of "
+       << std::setprecision(1) << b.attribution.gpu_ms << " ms traced" << std::defaultfloat << std::endl;
+  return b;
+}
+
+std::map<std::string, int64_t> Session::probe_output_bytes() {
+  std::map<std::string, int64_t> out;
+  if (!memory_.cuda || !driver_.forward_only) return out;
+  std::vector<std::string> coarse, fine;
+  for (const auto& fqn : model_.recomputable_fqns()) {
+    if (starts_with(fqn, kExpert) && canonical_unit(fqn) != fqn) continue;  // the backbone name stands for it
+    const bool is_tower = fqn.size() >= 12 && fqn.compare(fqn.size() - 12, 12, "vision_tower") == 0;
+    const bool is_layer = starts_with(fqn, kLm) && fqn.find('.', kLm.size()) == std::string::npos;
+    (is_tower || is_layer ? coarse : fine).push_back(fqn);
+  }
+  for (const auto* selection : {&coarse, &fine}) {
+    model_.set_recompute(*selection);
+    ScopeRecorder recorder(
+        nullptr, [this] { return memory_.allocated(); }, false);
+    recorder.install();
+    driver_.forward_only(next_step_);
+    recorder.uninstall();
+    TraceData t;
+    recorder.take(&t);
+    const std::set<std::string> wanted(selection->begin(), selection->end());
+    for (const auto& s : t.scopes) {
+      if (s.phase != Phase::kForward || s.allocated_begin < 0 || s.allocated_end < 0) continue;
+      const std::string& fqn = t.names[static_cast<size_t>(s.fqn)];
+      if (wanted.count(fqn)) out[fqn] = std::max<int64_t>(0, s.allocated_end - s.allocated_begin);
+    }
+  }
+  model_.set_recompute(baseline_);
+  memory_.release_cache();
+  return out;
+}
+
+void Session::recompute_ab(formats::BatchProfile& b, const Timed& base) {
+  auto classes = recompute_classes(model_);
+  for (const auto& extra : opt_.extra_candidates) classes.push_back(extra);
+  const double base_ms = median(base.ms);
+  std::set<std::string> ran;  // modules that ran (dead work skipped by skip_dead has no row)
+  for (const auto& m : b.modules) ran.insert(m.fqn);
+  for (auto [name, fqns] : classes) {
+    fqns.erase(std::remove_if(fqns.begin(), fqns.end(), [&](const std::string& f) { return ran.count(f) == 0; }),
+               fqns.end());
+    if (fqns.empty()) continue;
+    formats::RecomputeCandidate c;
+    c.name = name;
+    c.patterns = fqns;
+    const std::set<std::string> in_base(baseline_.begin(), baseline_.end());
+    c.added = !std::all_of(fqns.begin(), fqns.end(), [&](const std::string& f) { return in_base.count(f) > 0; });
+    std::vector<std::string> selection;
+    if (c.added) {
+      selection = fqns;
+      for (const auto& s : baseline_) {
+        const bool clash = std::any_of(fqns.begin(), fqns.end(), [&](const std::string& f) {
+          return f == s || unit_contains(f, s) || unit_contains(s, f);
+        });
+        if (!clash) selection.push_back(s);
+      }
+    } else {
+      for (const auto& s : baseline_)
+        if (std::find(fqns.begin(), fqns.end(), s) == fqns.end()) selection.push_back(s);
+    }
+    log_ << "profile: recompute A/B: " << (c.added ? "+" : "-") << name << " (" << fqns.size() << " modules)"
+         << std::endl;
+    try {
+      model_.set_recompute(selection);
+      const Timed t = time_steps(1, opt_.ab_steps);
+      c.step_ms_delta = median(t.ms) - base_ms;
+      c.peak_gib_delta = t.peak_gib - base.peak_gib;
+      if (c.peak_gib_delta < 0 == c.added && std::abs(c.peak_gib_delta) > 1e-3)
+        c.ms_per_gib_saved = c.step_ms_delta / -c.peak_gib_delta;
+      b.recompute.push_back(c);
+    } catch (const c10::OutOfMemoryError&) {
+      degraded_.push_back("recompute A/B '" + name + "': out of memory without it; not measured");
+      log_ << "profile: recompute A/B " << name << ": out of memory, skipped" << std::endl;
+    }
+    memory_.release_cache();
+  }
+  model_.set_recompute(baseline_);
+}
+
+std::vector<formats::GemmEntry> Session::gemm_inventory(const std::vector<GemmShapeRecord>& shapes) {
+  std::vector<formats::GemmEntry> out;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, GemmTiming> timed;
+  const bool time_them = memory_.cuda && opt_.gemm_repetitions > 0;
+  if (time_them) log_ << "profile: timing " << shapes.size() << " GEMMs (bf16 and FP8)" << std::endl;
+  for (const auto& g : shapes) {
+    formats::GemmEntry e;
+    e.members = g.members;
+    if (g.members.size() == 1) {
+      e.name = g.members[0];
+    } else {
+      // parent.q_proj+k_proj+v_proj
+      const std::string& first = g.members[0];
+      const auto dot = first.rfind('.');
+      e.name = first.substr(0, dot + 1);
+      for (size_t i = 0; i < g.members.size(); ++i) {
+        const auto d = g.members[i].rfind('.');
+        e.name += (i ? "+" : "") + g.members[i].substr(d + 1);
+      }
+    }
+    e.m = g.m;
+    e.k = g.k;
+    e.n = g.n;
+    e.recomputed = covered(g.members[0], baseline_);
+    if (time_them) {
+      const auto key = std::make_tuple(g.m, g.k, g.n);
+      auto it = timed.find(key);
+      if (it == timed.end()) it = timed.emplace(key, time_gemm(g.m, g.k, g.n, opt_.gemm_repetitions)).first;
+      e.bf16 = it->second.bf16;
+      e.fp8 = it->second.fp8;
+      e.quant_ms = it->second.quant_ms;
+    }
+    out.push_back(std::move(e));
+  }
+  memory_.release_cache();
+  return out;
+}
+
+formats::Profile Session::run() {
+  formats::Profile p;
+  p.environment = opt_.environment;
+  p.recipe = opt_.recipe;
+  p.settings.device = memory_.cuda ? "cuda" : "cpu";
+  p.settings.data = opt_.data_label;
+  p.settings.steps = opt_.steps;
+  p.settings.warmup = opt_.warmup;
+#ifdef VLATUNE_HAVE_CUDA
+  if (memory_.cuda) {
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess)
+      p.settings.gpu_memory_gib = static_cast<double>(total_bytes) / kGiB;
+  }
+#endif
+  for (const auto& fqn : model_.recomputable_fqns())
+    if (canonical_unit(fqn) == fqn) p.recomputable.push_back(fqn);
+
+  TraceData trace;
+  double traced_ms = 0;
+  for (size_t i = 0; i < opt_.batches.size(); ++i) {
+    const bool first = i == 0;
+    try {
+      double traced = 0;
+      p.batches.push_back(profile_batch(opt_.batches[i], first, first ? &trace : nullptr, &traced));
+      if (first) traced_ms = traced;
+    } catch (const c10::OutOfMemoryError&) {
+      if (first) throw;
+      degraded_.push_back("batch " + std::to_string(opt_.batches[i]) + ": out of memory; not profiled");
+      memory_.release_cache();
+    }
+  }
+  formats::BatchProfile& b0 = p.batches.front();
+  if (tracer_kind_ != "none") p.overhead = formats::Overhead{b0.step_ms, traced_ms};
+
+  // At the requested batch: output bytes of recomputable units, recompute A/B, GEMM inventory.
+  driver_.set_batch(b0.batch);
+  const auto outputs = probe_output_bytes();
+  for (auto& m : b0.modules) {
+    auto it = outputs.find(m.fqn);
+    if (it != outputs.end()) m.output_bytes = it->second;
+  }
+  if (opt_.ab_steps > 0) {
+    const Timed base = time_steps(1, opt_.ab_steps);
+    recompute_ab(b0, base);
+  }
+  p.gemms = gemm_inventory(trace.gemms);
+
+  p.settings.tracer = tracer_kind_;
+  p.settings.degraded = degraded_;
+  if (!opt_.out_dir.empty()) {
+    formats::write_profile(p, opt_.out_dir + "/profile.json");
+    if (opt_.trace_steps > 0 && !trace.scopes.empty()) {
+      const std::string written =
+          write_chrome_trace(chrome_trace(trace, memory_.cuda ? "GPU" : "CPU ops"), opt_.out_dir + "/trace.json.gz");
+      log_ << "profile: trace " << written << std::endl;
+    }
+    log_ << "profile: wrote " << opt_.out_dir << "/profile.json" << std::endl;
+  }
+  return p;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::vector<std::string>>> recompute_classes(const model::Pi05Impl& model) {
+  std::vector<std::string> vit, attention, backbone_mlp, expert_mlp, layers;
+  for (const auto& fqn : model.recomputable_fqns()) {
+    if (fqn.find("vision_model.encoder.layers.") != std::string::npos) {
+      vit.push_back(fqn);
+    } else if (starts_with(fqn, kLm)) {
+      const std::string rest = fqn.substr(kLm.size());
+      const auto dot = rest.find('.');
+      if (dot == std::string::npos)
+        layers.push_back(fqn);
+      else if (rest.substr(dot) == ".self_attn")
+        attention.push_back(fqn);
+      else if (rest.substr(dot) == ".mlp")
+        backbone_mlp.push_back(fqn);
+    } else if (starts_with(fqn, kExpert) && fqn.size() > 4 && fqn.compare(fqn.size() - 4, 4, ".mlp") == 0) {
+      expert_mlp.push_back(fqn);
+    }
+  }
+  return {{"vit_layers", vit},
+          {"joint_attention", attention},
+          {"backbone_mlp", backbone_mlp},
+          {"expert_mlp", expert_mlp},
+          {"decoder_layers", layers}};
+}
+
+formats::Profile run_profile(model::Pi05Impl& model, const StepDriver& driver, const ProfileOptions& options,
+                             std::ostream& log) {
+  if (options.batches.empty()) throw std::invalid_argument("profile: no batch size given");
+  Session session(model, driver, options, log);
+  return session.run();
+}
+
+}  // namespace vlatune::profiler

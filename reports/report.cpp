@@ -1,0 +1,294 @@
+#include "reports/report.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <sstream>
+
+#include "reports/html.h"
+#include "reports/number_format.h"
+#include "reports/report_profile.h"
+#include "reports/stats.h"
+#include "reports/svg.h"
+
+namespace vlatune::reports {
+
+namespace {
+
+bool is_directory(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool is_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string basename_of(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string dirname_of(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? std::string(".") : path.substr(0, slash);
+}
+
+std::string opt_text(const std::optional<std::string>& s) {
+  return s ? *s : std::string("-");
+}
+
+std::string opt_number(const std::optional<double>& v, int digits) {
+  return v ? fixed(*v, digits) : std::string("-");
+}
+
+std::string join(const std::vector<std::string>& v, const std::string& sep) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
+  return out;
+}
+
+std::string note(const std::string& text) {
+  return "<p class=\"note\">" + escape_html(text) + "</p>";
+}
+
+// A number in the decisions table: integers without decimals, others with up to 4 significant decimals.
+std::string number_text(double v) {
+  if (v == std::floor(v) && std::fabs(v) < 1e15) return fixed(v, 0);
+  const double a = std::fabs(v);
+  return fixed(v, a >= 100 ? 1 : a >= 1 ? 3 : 4);
+}
+
+std::string recipe_settings(const formats::Recipe& r) {
+  using formats::to_string;
+  std::vector<std::vector<std::string>> rows = {
+      {"model", r.model},
+      {"batch.micro_batch", std::to_string(r.batch.micro_batch)},
+      {"batch.grad_accum", std::to_string(r.batch.grad_accum)},
+      {"data.num_images", r.data.num_images ? std::to_string(*r.data.num_images) : "null (drop empty slots)"},
+      {"data.trim_text", r.data.trim_text ? "true (multiple " + std::to_string(r.data.trim_multiple) + ")" : "false"},
+      {"model_options.attention", to_string(r.model_options.attention)},
+      {"model_options.precision", to_string(r.model_options.precision)},
+      {"model_options.skip_dead", r.model_options.skip_dead ? "true" : "false"},
+      {"recompute.modules", r.recompute.modules.empty() ? "none" : join(r.recompute.modules, "\n")},
+      {"fp8.modules", r.fp8.modules.empty() ? "none" : join(r.fp8.modules, "\n")},
+      {"groups", r.groups.empty() ? "default (one per named unit)" : std::to_string(r.groups.size()) + " groups"},
+      {"distributed",
+       "world_size " + std::to_string(r.distributed.world_size) + ", reduce " + to_string(r.distributed.reduce_dtype)},
+      {"tuned_on", "gpu " + opt_text(r.tuned_on.gpu) + ", torch " + opt_text(r.tuned_on.torch) + ", profile " +
+                       opt_text(r.tuned_on.profile)},
+      {"recipe_hash", formats::recipe_hash(r)},
+  };
+  return html_table({"key", "value"}, rows, 99);
+}
+
+std::string candidates_section(const formats::Recipe& r) {
+  const std::vector<Candidate> cands = recipe_candidates(r);
+  if (cands.empty()) {
+    return note(std::string("recipe.json lists no candidate recipes: the tuner records each candidate it considered "
+                            "as a rationale entry whose numbers hold \"") +
+                kCandidateStepKey + "\" and \"" + kCandidatePeakKey + "\" (reports/README.md).");
+  }
+  svg::ScatterChart chart;
+  chart.title = "Candidate recipes the tuner considered: predicted peak memory vs step time";
+  chart.x_label = "predicted peak memory (GiB)";
+  chart.y_label = "predicted step time (ms)";
+  for (const auto& rat : r.rationale) {
+    const auto it = rat.numbers.find(kCandidateBudgetKey);
+    if (it != rat.numbers.end()) {
+      chart.x_limit = it->second;
+      chart.x_limit_label = "budget " + fixed(it->second, 1) + " GiB";
+      break;
+    }
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    const Candidate& c = cands[i];
+    chart.points.push_back({c.label, c.predicted_peak_gib, c.predicted_step_ms, c.chosen});
+    rows.push_back({std::to_string(i + 1) + (c.chosen ? " (chosen)" : ""), c.label, fixed(c.predicted_step_ms, 1),
+                    fixed(c.predicted_peak_gib, 2)});
+  }
+  return svg::scatter_chart(chart) +
+         html_table({"#", "candidate", "predicted step (ms)", "predicted peak (GiB)"}, rows, 2);
+}
+
+std::string decisions_section(const formats::Recipe& r) {
+  if (r.rationale.empty()) return note("recipe.json has no rationale entries.");
+  std::vector<std::vector<std::string>> rows;
+  for (size_t i = 0; i < r.rationale.size(); ++i) {
+    const auto& rat = r.rationale[i];
+    std::vector<std::string> nums;
+    for (const auto& [k, v] : rat.numbers) nums.push_back(k + " = " + number_text(v));
+    rows.push_back({std::to_string(i + 1), rat.decision, rat.reason, join(nums, ", ")});
+  }
+  return html_table({"#", "decision", "reason", "numbers"}, rows, 99);
+}
+
+struct Measured {
+  std::string source;
+  std::optional<double> step_ms, peak_gib, samples_per_s;
+};
+
+std::string predicted_section(const formats::Recipe& r, const std::vector<Measured>& measured) {
+  const auto& p = r.predicted;
+  if (!p.step_ms && !p.peak_gib && !p.samples_per_s) return note("recipe.json has no predictions (predicted.*: null).");
+  std::vector<std::vector<std::string>> rows;
+  auto row = [&](const char* name, const std::optional<double>& pred, std::optional<double> Measured::*field,
+                 int digits) {
+    if (measured.empty()) {
+      rows.push_back({name, opt_number(pred, digits), "-", "-", "-"});
+      return;
+    }
+    for (const auto& m : measured) {
+      const auto& v = m.*field;
+      const std::string err = pred && v && *v != 0 ? signed_pct((*pred / *v - 1) * 100, 1) : "-";
+      rows.push_back({name, opt_number(pred, digits), opt_number(v, digits), err, m.source});
+    }
+  };
+  row("step time (ms)", p.step_ms, &Measured::step_ms, 1);
+  row("peak memory (GiB)", p.peak_gib, &Measured::peak_gib, 2);
+  row("throughput (samples/s)", p.samples_per_s, &Measured::samples_per_s, 2);
+  return html_table({"quantity", "predicted", "measured", "prediction error", "measured by"}, rows, 1) +
+         (measured.empty() ? note("No runs given (--run): nothing measured to compare with.") : std::string());
+}
+
+// Per-step (step, value) pairs of a run: metrics.jsonl when present (every step), else run.json's per_step.
+svg::Series run_series(const ReportRun& rr, bool throughput) {
+  svg::Series s;
+  s.name = rr.name;
+  if (!rr.metrics.empty()) {
+    for (const auto& m : rr.metrics) {
+      s.x.push_back(static_cast<double>(m.step));
+      s.y.push_back(throughput ? m.samples_per_s : m.loss);
+    }
+    return s;
+  }
+  const int64_t first = rr.run.steps - static_cast<int64_t>(rr.run.step_ms.size());
+  for (size_t i = 0; i < rr.run.step_ms.size(); ++i) {
+    s.x.push_back(static_cast<double>(first + static_cast<int64_t>(i)));
+    s.y.push_back(throughput ? static_cast<double>(rr.run.batch) * 1000.0 / rr.run.step_ms[i] : rr.run.loss[i]);
+  }
+  return s;
+}
+
+std::string runs_section(const std::vector<ReportRun>& runs) {
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& rr : runs) {
+    const auto& r = rr.run;
+    const auto& e = r.environment;
+    rows.push_back({rr.name, std::to_string(r.steps), std::to_string(r.warmup_steps), std::to_string(r.batch),
+                    fixed(median(r.step_ms), 1), opt_number(r.samples_per_s_median, 2), opt_number(r.peak_gib, 2),
+                    std::to_string(r.skipped_steps), e.config, opt_text(e.gpu), e.torch, opt_text(e.vlatune_commit),
+                    e.recipe_hash});
+  }
+  std::string html = html_table({"run", "steps", "warm-up", "batch", "median step (ms)", "samples/s", "peak GiB",
+                                 "skipped", "config", "gpu", "torch", "commit", "recipe"},
+                                rows, 1);
+  svg::LineChart thr;
+  thr.title = "Throughput over steps";
+  thr.x_label = "optimizer step";
+  thr.y_label = "samples/s";
+  thr.y_from_zero = true;
+  svg::LineChart loss;
+  loss.title = "Training loss over steps";
+  loss.x_label = "optimizer step";
+  loss.y_label = "loss";
+  bool any_metrics = false;
+  for (const auto& rr : runs) {
+    thr.series.push_back(run_series(rr, true));
+    loss.series.push_back(run_series(rr, false));
+    any_metrics = any_metrics || !rr.metrics.empty();
+  }
+  html += svg::line_chart(thr) + svg::line_chart(loss);
+  html +=
+      note(any_metrics ? "Curves from metrics.jsonl (every step, warm-up included) where the run directory has one; "
+                         "otherwise from run.json (steps after warm-up)."
+                       : "Curves from run.json (steps after warm-up); pass run directories to plot every step "
+                         "from metrics.jsonl.");
+  return html;
+}
+
+}  // namespace
+
+std::vector<Candidate> recipe_candidates(const formats::Recipe& recipe) {
+  std::vector<Candidate> out;
+  for (const auto& r : recipe.rationale) {
+    const auto step = r.numbers.find(kCandidateStepKey), peak = r.numbers.find(kCandidatePeakKey);
+    if (step == r.numbers.end() || peak == r.numbers.end()) continue;
+    const auto chosen = r.numbers.find(kCandidateChosenKey);
+    out.push_back({r.decision, step->second, peak->second, chosen != r.numbers.end() && chosen->second != 0});
+  }
+  return out;
+}
+
+ReportRun read_report_run(const std::string& path) {
+  ReportRun rr;
+  if (is_directory(path)) {
+    rr.name = basename_of(path);
+    rr.file = path + "/run.json";
+    const std::string metrics = path + "/metrics.jsonl";
+    rr.run = formats::read_run_record(rr.file);
+    if (is_file(metrics)) rr.metrics = formats::read_metrics(metrics);
+    return rr;
+  }
+  rr.file = path;
+  rr.name = basename_of(path) == "run.json" ? basename_of(dirname_of(path)) : path;
+  rr.run = formats::read_run_record(path);
+  return rr;
+}
+
+std::vector<ReportRun> read_report_runs(const std::vector<std::string>& paths) {
+  std::vector<ReportRun> runs;
+  std::map<std::string, int> seen;
+  for (const auto& p : paths) {
+    runs.push_back(read_report_run(p));
+    const int n = ++seen[runs.back().name];
+    if (n > 1) runs.back().name += " (" + std::to_string(n) + ")";
+  }
+  return runs;
+}
+
+std::string render_report(const ReportInput& in) {
+  HtmlPage page("vlatune report");
+  if (in.profile) page.add_intro("profile: " + in.profile_file);
+  if (in.recipe) page.add_intro("recipe: " + in.recipe_file);
+  for (const auto& rr : in.runs) page.add_intro("run: " + rr.name + " (" + rr.file + ")");
+
+  std::vector<Measured> measured;
+  for (const auto& rr : in.runs) {
+    Measured m;
+    m.source = "run " + rr.name;
+    if (!rr.run.step_ms.empty()) m.step_ms = median(rr.run.step_ms);
+    m.peak_gib = rr.run.peak_gib;
+    m.samples_per_s = rr.run.samples_per_s_median;
+    measured.push_back(m);
+  }
+  if (in.profile) {
+    const formats::BatchProfile& b = in.profile->batches.at(0);
+    Measured m;
+    m.source = "profile, micro-batch " + std::to_string(b.batch);
+    m.step_ms = b.step_ms;
+    m.peak_gib = b.peak_gib;
+    const formats::Recipe& pr = in.profile->recipe;
+    m.samples_per_s =
+        static_cast<double>(b.batch * pr.batch.grad_accum * in.profile->environment.world_size) * 1000.0 / b.step_ms;
+    measured.push_back(m);
+  }
+
+  if (in.profile) add_profile_sections(page, *in.profile, in.profile_file);
+
+  if (in.recipe) {
+    page.add_section("recipe", "Recipe", recipe_settings(*in.recipe));
+    page.add_section("candidates", "Candidate recipes: memory vs step time", candidates_section(*in.recipe));
+    page.add_section("decisions", "Decisions and reasons", decisions_section(*in.recipe));
+    page.add_section("predicted", "Predicted vs measured", predicted_section(*in.recipe, measured));
+  }
+  if (!in.runs.empty()) page.add_section("runs", "Runs: throughput and loss", runs_section(in.runs));
+  return page.render();
+}
+
+}  // namespace vlatune::reports

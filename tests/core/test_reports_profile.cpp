@@ -1,0 +1,173 @@
+// check and report on profile.json: profiles are timing subjects whose per-module times name what grew, and
+// the report's module bars, FP8 classes and memory charts come from them.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <numeric>
+
+#include "formats/profile.h"
+#include "reports/check.h"
+#include "reports/report.h"
+#include "reports/report_profile.h"
+#include "temp_dir.h"
+
+namespace {
+
+using vlatune::formats::ModuleCost;
+using vlatune::formats::Profile;
+
+ModuleCost module(const std::string& fqn, double fwd, double bwd, double self, const std::string& kind = "Linear") {
+  ModuleCost m;
+  m.fqn = fqn;
+  m.kind = kind;
+  m.forward_ms = fwd;
+  m.backward_ms = bwd;
+  m.self_ms = self;
+  m.kernels = 3;
+  return m;
+}
+
+// A small model: "m" holds two layers (each with an mlp) and a head; plus the optimizer pseudo-module.
+// `mlp1_ms` is layer 1's MLP forward time (backward twice that).
+Profile small_profile(double step_ms, double mlp1_ms = 2.0) {
+  Profile p;
+  p.environment.gpu = "NVIDIA H200";
+  p.environment.torch = "2.11.0+cu130";
+  p.environment.config = "full";
+  p.environment.recipe_hash = "0123456789abcdef";
+  p.settings.device = "cuda";
+  p.settings.tracer = "cupti";
+  p.settings.steps = 3;
+  p.settings.gpu_memory_gib = 139.8;
+  vlatune::formats::BatchProfile b;
+  b.batch = 32;
+  b.step_ms = step_ms;
+  for (int i = 0; i < 10; ++i) b.step_ms_samples.push_back(step_ms * (1 + 0.002 * (i % 3 - 1)));
+  b.peak_gib = 90.0;
+  b.memory.parameter_bytes = int64_t{6} << 30;
+  b.memory.gradient_bytes = int64_t{6} << 30;
+  b.memory.optimizer_bytes = int64_t{12} << 30;
+  b.memory.activation_bytes = int64_t{60} << 30;
+  b.memory.peak_gib_by_phase = {{"forward", 88.0}, {"backward", 90.0}, {"optimizer", 26.0}};
+  const double l1 = 1.0 + mlp1_ms;
+  b.modules = {
+      module("m", 3 + l1 + 0.5 + 0.5, 6 + 2 * l1 + 1.0 + 1.0, 1.5, "Model"),  // its own 0.5 + 1.0
+      module("m.layers.0", 3.0, 6.0, 3.0, "Layer"),
+      module("m.layers.0.mlp", 2.0, 4.0, 6.0, "MLP"),
+      module("m.layers.1", l1, 2 * l1, 3.0, "Layer"),
+      module("m.layers.1.mlp", mlp1_ms, 2 * mlp1_ms, 3 * mlp1_ms, "MLP"),
+      module("m.head", 0.5, 1.0, 1.5),
+      module("<optimizer>", 0, 0, 12.0, "pseudo"),
+  };
+  b.attribution.gpu_ms = step_ms;
+  b.attribution.attributed_fraction = 0.95;
+  vlatune::formats::RecomputeCandidate rc;
+  rc.name = "mlp";
+  rc.patterns = {"m.layers.*.mlp"};
+  rc.step_ms_delta = 4.0;
+  rc.peak_gib_delta = -10.0;
+  rc.ms_per_gib_saved = 0.4;
+  b.recompute = {rc};
+  p.batches = {b};
+  for (int layer = 0; layer < 2; ++layer) {
+    vlatune::formats::GemmEntry g;
+    g.name = "m.layers." + std::to_string(layer) + ".mlp.up";
+    g.members = {g.name};
+    g.m = 16384;
+    g.k = 2048;
+    g.n = 16384;
+    g.bf16 = {1.0, 1.0, 1.0};
+    g.fp8 = vlatune::formats::GemmTimes{0.5, 0.5, 0.5};
+    g.quant_ms = 0.5;
+    p.gemms.push_back(g);
+  }
+  vlatune::formats::GemmEntry head;
+  head.name = head.members.emplace_back("m.head");
+  head.m = 16384;
+  head.k = 2048;
+  head.n = 30;  // not divisible by 16: no FP8
+  head.bf16 = {0.1, 0.1, 0.1};
+  p.gemms.push_back(head);
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("check on two profiles names the modules whose time grew most", "[reports][check][profile]") {
+  vlatune::test::TempDir dir("check_profile");
+  vlatune::formats::write_profile(small_profile(100.0), dir.file("base.json"));
+  vlatune::formats::write_profile(small_profile(106.0, 5.0), dir.file("cand.json"));
+  const auto base = vlatune::reports::read_check_subject(dir.file("base.json"));
+  const auto cand = vlatune::reports::read_check_subject(dir.file("cand.json"));
+  CHECK(base.kind == "profile");
+  CHECK(base.step_ms.size() == 10);
+  CHECK(base.batch == 32);
+  CHECK_FALSE(base.has_numerics);
+  const auto r = vlatune::reports::check(base, cand, {});
+  CHECK(r.verdict == vlatune::reports::Verdict::kRegression);
+  REQUIRE(r.grown_modules.size() == 1);  // exclusive times: only the MLP grew, not its layer or the model
+  CHECK(r.grown_modules[0].fqn == "m.layers.1.mlp");
+  CHECK(r.grown_modules[0].delta_ms() == Approx(9.0));
+  const std::string text = vlatune::reports::format_check(r, {});
+  CHECK(text.find("modules whose time per step grew most:\n  +150.0%  6.000 -> 15.000 ms  m.layers.1.mlp") !=
+        std::string::npos);
+  CHECK(text.find("numerics gates need two run.json files") != std::string::npos);
+
+  // --numerics on profiles: nothing to compare is an incomparable verdict, not a silent pass.
+  vlatune::reports::CheckOptions numerics;
+  numerics.numerics_only = true;
+  CHECK(vlatune::reports::check(base, cand, numerics).verdict == vlatune::reports::Verdict::kIncomparable);
+}
+
+TEST_CASE("Module bars fold layer indices, expand the largest classes and partition the time",
+          "[reports][html][profile]") {
+  const auto b = small_profile(100.0).batches[0];
+  const auto bars = vlatune::reports::module_bars(b, 32);
+  std::vector<std::string> labels;
+  double total = 0;
+  for (const auto& bar : bars) {
+    labels.push_back(bar.label);
+    total += bar.total();
+  }
+  // m expands to its [rest] (the model's own 0.5 + 1.0 ms), the layer class (x2) and the head; the layer class
+  // expands to its [rest] and the MLP class.
+  CHECK(labels == std::vector<std::string>{"m [rest]", "m.layers.* \u00d72 [rest]", "m.layers.*.mlp \u00d72", "m.head",
+                                           "<optimizer>"});
+  const double roots = b.modules[0].forward_ms + b.modules[0].backward_ms + 12.0;
+  CHECK(total == Approx(roots));
+  CHECK(bars.back().other_ms == 12.0);
+  // With room for only two bars nothing can expand: the roots.
+  const auto two = vlatune::reports::module_bars(b, 2);
+  REQUIRE(two.size() == 2);
+  CHECK(two[0].label == "m");
+}
+
+TEST_CASE("FP8 speedups are per Linear class, with quantization, and skip unmeasured GEMMs",
+          "[reports][html][profile]") {
+  const auto classes = vlatune::reports::gemm_classes(small_profile(100.0).gemms);
+  REQUIRE(classes.size() == 2);
+  CHECK(classes[0].pattern == "m.layers.*.mlp.up");
+  CHECK(classes[0].count == 2);
+  CHECK(classes[0].bf16_ms == Approx(6.0));
+  CHECK(classes[0].fp8_ms == Approx(4.0));  // 2 x (1.5 + 0.5 quantization)
+  CHECK(classes[0].speedup() == Approx(1.5));
+  CHECK(classes[1].with_fp8 == 0);
+}
+
+TEST_CASE("The report renders a profile's sections", "[reports][html][profile]") {
+  vlatune::reports::ReportInput in;
+  in.profile = small_profile(100.0);
+  in.profile_file = "profile.json";
+  const std::string html = vlatune::reports::render_report(in);
+  for (const char* id : {"id=\"profile\"", "id=\"modules\"", "id=\"recompute\"", "id=\"fp8\"", "id=\"memory\""}) {
+    INFO(id);
+    CHECK(html.find(id) != std::string::npos);
+  }
+  // module bars, recompute, FP8, memory by kind, peak by phase
+  size_t svgs = 0;
+  for (size_t p = html.find("<svg"); p != std::string::npos; p = html.find("<svg", p + 1)) ++svgs;
+  CHECK(svgs == 5);
+  CHECK(html.find("1.0 = no gain") != std::string::npos);
+  CHECK(html.find("GPU 139.8 GiB") != std::string::npos);
+  CHECK(html == vlatune::reports::render_report(in));
+}

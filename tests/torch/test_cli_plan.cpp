@@ -1,0 +1,93 @@
+// `vlatune plan` through the command line: a recipe from the profile fixture, bad input exits 4 naming the file
+// and JSON path or the flag, and a train run with a planned recipe reports predicted vs measured.
+#include <torch/torch.h>
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/cli.h"
+#include "formats/recipe.h"
+
+namespace {
+
+struct CliResult {
+  int code;
+  std::string out, err;
+};
+
+CliResult run_cli(std::vector<std::string> args) {
+  args.insert(args.begin(), "vlatune");
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  std::ostringstream out, err;
+  const int code = vlatune::cli::run(static_cast<int>(argv.size()), argv.data(), out, err);
+  return {code, out.str(), err.str()};
+}
+
+std::string temp_dir() {
+  char templ[] = "/tmp/vlatune-plan-XXXXXX";
+  const char* dir = ::mkdtemp(templ);
+  REQUIRE(dir != nullptr);
+  return dir;
+}
+
+const std::string kProfile = std::string(VLATUNE_FIXTURES_DIR) + "/profile_synthetic_pi05.json";
+
+}  // namespace
+
+TEST_CASE("vlatune plan writes an explained recipe and the grid candidates", "[cli][plan]") {
+  const std::string dir = temp_dir();
+  auto r = run_cli({"plan", "--profile", kProfile, "--out", dir + "/recipe.json", "--batch", "32", "--explain",
+                    "--grid", "3", "--grid-dir", dir + "/grid"});
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("memory budget 132.8 GiB") != std::string::npos);
+  CHECK(r.out.find("predicted: step") != std::string::npos);
+  CHECK(r.out.find("grid candidate 2: ") != std::string::npos);
+  const auto recipe = vlatune::formats::read_recipe(dir + "/recipe.json");
+  CHECK(recipe.predicted.step_ms);
+  CHECK(recipe.tuned_on.profile == std::optional<std::string>(kProfile));
+  auto cmp = run_cli({"plan", "--compare-grid", dir + "/grid"});
+  CHECK(cmp.code == 0);
+  CHECK(cmp.out.find("not measured yet") != std::string::npos);
+}
+
+TEST_CASE("vlatune plan exits 4 on a bad profile or flag, naming it", "[cli][plan]") {
+  const std::string dir = temp_dir();
+  {
+    std::ifstream in(kProfile);
+    std::stringstream s;
+    s << in.rdbuf();
+    std::string text = s.str();
+    text.replace(text.find("\"peak_gib\": 90.1"), 16, "\"peak_gib\": null");
+    std::ofstream(dir + "/bad.json") << text;
+  }
+  auto bad = run_cli({"plan", "--profile", dir + "/bad.json", "--out", dir + "/r.json"});
+  CHECK(bad.code == vlatune::cli::kExitBadInput);
+  CHECK(bad.err.find(dir + "/bad.json: $.batches[0].peak_gib") != std::string::npos);
+  auto batch = run_cli({"plan", "--profile", kProfile, "--out", dir + "/r.json", "--batch", "many"});
+  CHECK(batch.code == vlatune::cli::kExitBadInput);
+  CHECK(batch.err.find("--batch") != std::string::npos);
+  auto budget =
+      run_cli({"plan", "--profile", kProfile, "--out", dir + "/r.json", "--batch", "32", "--memory-budget", "10"});
+  CHECK(budget.code == vlatune::cli::kExitBadInput);
+  CHECK(budget.err.find("--memory-budget") != std::string::npos);
+  auto world = run_cli({"plan", "--profile", kProfile, "--out", dir + "/r.json", "--world-size", "4"});
+  CHECK(world.code == vlatune::cli::kExitBadInput);
+  CHECK(world.err.find("--allreduce-gbps") != std::string::npos);
+}
+
+TEST_CASE("vlatune train reports predicted vs measured step time for a planned recipe", "[cli][plan][train]") {
+  const std::string dir = temp_dir();
+  std::ofstream(dir + "/recipe.json") << R"({"batch": {"micro_batch": 2}, "predicted": {"step_ms": 1.0}})";
+  auto r = run_cli(
+      {"train",      "--config",           "tiny", "--device",     "cpu", "--data",   "synthetic",          "--steps",
+       "3",          "--timing-warmup",    "1",    "--workers",    "1",   "--recipe", dir + "/recipe.json", "--out",
+       dir + "/run", "--checkpoint-every", "0",    "--no-progress"});
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("plan: step predicted 1.00 ms vs measured ") != std::string::npos);
+}

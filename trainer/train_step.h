@@ -1,0 +1,54 @@
+// One training step and what it needs, shared by `vlatune train` (run_training) and `vlatune profile` (whose
+// session drives run_train_step through the profiler's step callback, so the profiler times exactly the step
+// the trainer runs).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "formats/recipe.h"
+#include "model/pi05.h"
+#include "trainer/data_source.h"
+#include "trainer/optimizer.h"
+#include "trainer/recipe_apply.h"
+#include "trainer/train_loop.h"
+
+namespace vlatune::trainer {
+
+struct TrainingParts {
+  model::Pi05Config config;
+  torch::Device device{torch::kCPU};
+  int64_t batch = 1, grad_accum = 1;
+  std::string precision;  // "bf16" | "fp32-master"
+  model::Pi05 net{nullptr};
+  AppliedRecipe applied;
+  std::unique_ptr<DataSource> source;
+  std::vector<std::pair<std::string, torch::Tensor>> named_params;
+  std::unique_ptr<AdamW> optimizer;
+};
+
+// Model (initialized from opt.seed, then --init-weights when `load_init_weights`), recipe applied, data opened,
+// optimizer created, as `vlatune train` sets them up. Bad options: TrainInputError naming the option.
+TrainingParts build_training_parts(const TrainOptions& opt, const formats::Recipe& recipe,
+                                   const std::string& recipe_label, bool load_init_weights, std::ostream& log);
+
+// Re-opens the data source at micro-batch `batch` (the profiler's second batch size).
+void open_training_data(TrainingParts& parts, const TrainOptions& opt, int64_t batch);
+
+struct StepOutcome {
+  double loss = 0;     // mean over the micro-batches
+  double wait_ms = 0;  // data wait
+  StepResult optimizer;
+};
+
+// grad_accum x (batch -> forward -> backward), missing gradients zero-filled, clip + AdamW at `lr`, gradients
+// cleared. Opens the pseudo-module scopes "<data>" and "<optimizer>". Synchronizes once (the loss is read).
+StepOutcome run_train_step(TrainingParts& parts, int64_t step, double lr, double clip_norm);
+
+}  // namespace vlatune::trainer

@@ -1,0 +1,68 @@
+#include "tuner/batch_choice.h"
+
+#include <algorithm>
+#include <set>
+
+namespace vlatune::tuner {
+
+std::vector<int64_t> candidate_batches(const CostModel& model, std::optional<int64_t> fixed) {
+  if (fixed) return {*fixed};
+  std::set<int64_t> out;
+  for (const auto& b : model.profile.batches) out.insert(b.batch);
+  const int64_t top = model.profiled_batch;
+  const int64_t step = std::max<int64_t>(1, top / 8);
+  const auto limit = static_cast<int64_t>(kMaxBatchFactor * static_cast<double>(top));
+  for (int64_t b = step; b <= limit; b += step) out.insert(b);
+  return {out.begin(), out.end()};
+}
+
+std::vector<BatchOption> evaluate_batches(const CostModel& model, double budget_gib,
+                                          const std::vector<int64_t>& batches, int grad_accum, int world_size,
+                                          const std::function<double(int64_t, const std::vector<int>&)>& comm_exposed) {
+  std::vector<BatchOption> out;
+  for (int64_t b : batches) {
+    BatchOption o;
+    o.batch = b;
+    RecomputeProblem problem;
+    o.at = recompute_problem(model, b, budget_gib, problem);
+    // The least memory this batch can take: every root unit recomputed.
+    std::vector<int> all_roots;
+    for (size_t i = 0; i < problem.items.size(); ++i)
+      if (problem.items[i].parent < 0) all_roots.push_back(static_cast<int>(i));
+    o.min_peak_gib = o.at.other_gib + static_cast<double>(evaluate_recompute(problem, all_roots).peak_bytes) / kGiB;
+    o.recompute = solve_recompute(problem);
+    o.feasible = o.recompute.best.feasible;
+    if (o.feasible) {
+      Candidate c;
+      c.micro_batch = b;
+      c.recompute = o.recompute.best.chosen;
+      c.comm_exposed_ms = comm_exposed ? comm_exposed(b, c.recompute) : 0.0;
+      o.prediction = predict(model, c, grad_accum, world_size);
+    }
+    out.push_back(std::move(o));
+  }
+  return out;
+}
+
+int choose_batch(const CostModel& model, const std::vector<BatchOption>& options) {
+  auto profiled = [&](int64_t b) {
+    return std::any_of(model.profile.batches.begin(), model.profile.batches.end(),
+                       [&](const auto& p) { return p.batch == b; });
+  };
+  int best = -1, best_profiled = -1;
+  for (int i = 0; i < static_cast<int>(options.size()); ++i) {
+    const BatchOption& o = options[static_cast<size_t>(i)];
+    if (!o.feasible) continue;
+    auto better = [&](int j) {
+      return j < 0 || o.prediction.samples_per_s > options[static_cast<size_t>(j)].prediction.samples_per_s;
+    };
+    if (better(best)) best = i;
+    if (profiled(o.batch) && better(best_profiled)) best_profiled = i;
+  }
+  if (best < 0 || best_profiled < 0 || best == best_profiled) return best;
+  const double gain = options[static_cast<size_t>(best)].prediction.samples_per_s /
+                      options[static_cast<size_t>(best_profiled)].prediction.samples_per_s;
+  return gain > kExtrapolationMargin ? best : best_profiled;
+}
+
+}  // namespace vlatune::tuner

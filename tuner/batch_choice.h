@@ -1,0 +1,43 @@
+// The micro-batch, chosen jointly with the recompute set (anchors §3.8.3: freed memory buys a larger batch):
+// for every candidate batch, the least-time recompute set under the budget (recompute_solver.h), then the batch
+// with the most predicted samples/s. A batch away from the profiled ones is extrapolated, so it must beat the
+// best profiled batch by a margin before it is chosen.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tuner/cost_model.h"
+#include "tuner/recompute_solver.h"
+
+namespace vlatune::tuner {
+
+// Extrapolated batches must win by this factor over the best profiled batch (a linear fit two points wide).
+inline constexpr double kExtrapolationMargin = 1.02;
+// Extrapolate up to this multiple of the largest profiled batch.
+inline constexpr double kMaxBatchFactor = 2.0;
+
+struct BatchOption {
+  int64_t batch = 0;
+  bool feasible = false;
+  RecomputeAtBatch at;
+  RecomputeFrontier recompute;  // recompute.best: the least-time selection under the budget
+  Prediction prediction;        // of recompute.best (no FP8 change, default groups' exposed communication)
+  double min_peak_gib = 0;      // recomputing everything that may be: the least this batch can take
+};
+
+// `fixed`: --batch; otherwise the profiled batches and multiples of max(1, batch/8) up to kMaxBatchFactor x.
+std::vector<int64_t> candidate_batches(const CostModel& model, std::optional<int64_t> fixed);
+
+// comm_exposed(batch, recompute selection): exposed communication ms (0 on one GPU).
+std::vector<BatchOption> evaluate_batches(const CostModel& model, double budget_gib,
+                                          const std::vector<int64_t>& batches, int grad_accum, int world_size,
+                                          const std::function<double(int64_t, const std::vector<int>&)>& comm_exposed);
+
+// The index of the chosen option, or -1 when none is feasible.
+int choose_batch(const CostModel& model, const std::vector<BatchOption>& options);
+
+}  // namespace vlatune::tuner

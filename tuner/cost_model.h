@@ -1,0 +1,125 @@
+// The cost model: predicted step time and peak memory of any recipe the planner can emit, from profile.json alone.
+// Assumptions (tuner/README.md says why):
+//   - A quantity at micro-batch b is linear in b, fitted through the profile's two batch sizes (one batch:
+//     proportional through the origin): the step time, the peak, and per module the times and the bytes.
+//   - Predictions are differences from the profiled baseline at the same batch: the fitted step time and peak
+//     hold the profiled recipe; recompute changes add or remove module forward times and move activation bytes
+//     (recompute_solver.h's memory model, evaluated for the new selection minus the baseline's); FP8 changes
+//     replace a GEMM's bf16 times by its FP8 times plus quantization; communication adds what backward cannot hide.
+//   - The recompute A/B rows are ground truth for their class: each scales its units' added ms and saved bytes.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "formats/profile.h"
+#include "formats/recipe.h"
+#include "tuner/pi05_layout.h"
+#include "tuner/recompute_solver.h"
+
+namespace vlatune::tuner {
+
+// A bad planning request that is not a file problem (file problems are formats::FormatError): names the flag.
+class PlanInputError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+inline constexpr double kGiB = 1073741824.0;
+
+// value(b) = fixed + per_sample * b.
+struct LinearFit {
+  double fixed = 0, per_sample = 0;
+  bool proportional = false;  // fitted through the origin (one batch, or a two-point fit that went negative)
+  double at(double batch) const { return fixed + per_sample * batch; }
+};
+
+// Fits through (b0, v0) and, when given, (b1, v1). A negative slope gives a constant; a negative intercept gives
+// the proportional fit through (b0, v0).
+LinearFit fit_linear(double b0, double v0, std::optional<double> b1, std::optional<double> v1);
+
+struct UnitModel {
+  UnitSpec spec;            // aliases[0] is the recipe name
+  int parent = -1;          // enclosing unit (index), -1 for none
+  std::vector<int> rows;    // module rows summed (indices into batches[0].modules)
+  LinearFit recompute_ms;   // time added when recomputed (calibrated)
+  LinearFit act_bytes;      // held from forward to backward when not recomputed (calibrated)
+  LinearFit out_bytes;      // held when recomputed
+  bool baseline = false;    // recomputed in the profiled recipe
+  bool size_known = true;   // false: recomputed in the baseline and its activation size was not measured
+  std::string calibration;  // name of the A/B row that calibrated it, "" when none
+};
+
+struct Calibration {
+  std::string name;  // the A/B row
+  bool added = true;
+  int units = 0;
+  double measured_step_ms_delta = 0, predicted_step_ms_delta = 0, time_factor = 1;
+  double measured_saved_gib = 0, predicted_saved_gib = 0, memory_factor = 1;
+  std::string note;  // clamps, fallbacks
+};
+
+struct CostModel {
+  std::string file;  // labels errors
+  formats::Profile profile;
+  std::vector<std::string> module_fqns;  // batches[0] rows, profile order
+  int64_t profiled_batch = 0;
+  std::optional<int64_t> second_batch;
+  LinearFit step_ms, peak_gib;      // the profiled recipe
+  double noise_rel = 0;             // median absolute deviation / median of batches[0].step_ms_samples
+  std::vector<UnitModel> units;     // parents before children, forward order
+  std::vector<int> baseline_units;  // the profiled recipe's recompute selection
+  std::vector<Calibration> calibrations;
+  std::vector<std::string> notes;  // fallbacks worth saying (rationale)
+};
+
+// Validates the profile for planning and builds the model. Throws formats::FormatError(file, JSON path, reason)
+// for a profile the planner cannot use (no modules, no peak memory, non-monotonic batches, patterns that match no
+// row or nest, rows recomputed outside the profiled recipe), and PlanInputError for a bad extra candidate.
+// `extra_candidates`: --recompute-candidate patterns, resolved against the module rows.
+CostModel build_cost_model(const formats::Profile& profile, const std::string& file,
+                           const std::vector<std::string>& extra_candidates = {});
+
+// The solver's problem at micro-batch b for a memory budget (GiB): one item per unit, sizes and costs at b, the
+// budget left for activations once what recompute cannot change is set aside (negative: nothing fits).
+struct RecomputeAtBatch {
+  double batch = 0;
+  double baseline_act_peak_bytes = 0;  // the memory model's activation peak of the profiled selection
+  double other_gib = 0;                // predicted peak minus the activation peak: what recompute cannot change
+};
+RecomputeAtBatch recompute_problem(const CostModel& model, int64_t batch, double budget_gib, RecomputeProblem& problem);
+
+// What one recipe is predicted to do.
+struct Candidate {
+  int64_t micro_batch = 0;
+  std::vector<int> recompute;  // unit indices
+  std::vector<int> fp8;        // gemm indices (into profile.gemms)
+  double comm_exposed_ms = 0;  // from the grouping (0 on one GPU)
+};
+
+struct Prediction {
+  double step_ms = 0, peak_gib = 0, samples_per_s = 0;
+  double recompute_ms = 0;  // recompute time relative to the profiled selection at this batch
+  double fp8_ms = 0;        // FP8 time change (negative = faster)
+  double comm_ms = 0;       // exposed communication
+};
+
+// grad_accum and world_size multiply the samples per step (recipe semantics).
+Prediction predict(const CostModel& model, const Candidate& candidate, int grad_accum = 1, int world_size = 1);
+
+// Time of one GEMM per step under a precision, at micro-batch b (times scale with M = b x tokens), its forward
+// counted twice when recomputed.
+double gemm_ms(const formats::GemmEntry& gemm, bool fp8, bool recomputed, double batch_scale);
+
+// Per-module quantities of `root` (its own row, else the outermost rows inside it): the backward time at batch b
+// (fitted over the batches) and the parameter bytes.
+double root_backward_ms(const CostModel& model, const std::string& root, double batch);
+double root_parameter_bytes(const CostModel& model, const std::string& root);
+
+// True when `fqn` lies inside a unit of `selection`.
+bool inside_selection(const CostModel& model, const std::vector<int>& selection, const std::string& fqn);
+
+}  // namespace vlatune::tuner
