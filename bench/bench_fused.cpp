@@ -18,6 +18,7 @@ using vlatune::bench::require_cuda;
 constexpr int64_t kBatch = 32, kPrefix = 720, kSuffix = 50;
 constexpr int64_t kWidthPrefix = 2048, kWidthExpert = 1024, kMlp = 16384;
 constexpr int64_t kHeads = 8, kKvHeads = 1, kHeadDim = 256;
+constexpr int64_t kVitTokens = 256, kVitWidth = 1152, kVitMlp = 4304;  // SigLIP: 2 images per sample
 
 #ifdef VLATUNE_HAVE_CUDA
 using vlatune::bench::run_gpu_timed;
@@ -173,6 +174,64 @@ void BM_fused_geglu(benchmark::State& state) {
 #endif
 }
 
+// SigLIP: h = x + attn; y = LayerNorm(h). 32 samples x 2 images x 256 tokens, width 1152.
+void BM_fused_layer_norm_residual(benchmark::State& state) {
+  if (!require_cuda(state)) return;
+#ifdef VLATUNE_HAVE_CUDA
+  const bool fused = state.range(0) == 1, backward = state.range(1) == 1;
+  const int64_t rows = kBatch * 2 * kVitTokens, w = kVitWidth;
+  auto in = std::vector<torch::Tensor>{rnd({rows, w}, 3), rnd({rows, w}), rnd({w}, 0.2) + 1, rnd({w}, 0.1)};
+  auto fn = [&](const std::vector<torch::Tensor>& x) {
+    auto o = fused ? k::layer_norm_residual(x[0], x[1], x[2], x[3], 1e-6)
+                   : k::layer_norm_residual_ref(x[0], x[1], x[2], x[3], 1e-6);
+    return std::vector<torch::Tensor>{o.h, o.y};
+  };
+  const double unit = 2.0 * rows * w;
+  if (backward) {
+    auto leaf = leaves(in);
+    std::vector<torch::Tensor> seeds = {rnd({rows, w}), rnd({rows, w})};
+    run_gpu_timed(state, [&] { fwd_bwd(fn, leaf, seeds); });
+    set_bytes(state, 8 * unit);  // fwd: x, delta -> h, y; bwd: grad_y, grad_h, h -> grad_x
+  } else {
+    torch::NoGradGuard no_grad;
+    run_gpu_timed(state, [&] { (void)fn(in); });
+    set_bytes(state, 4 * unit);
+  }
+#endif
+}
+
+// SigLIP MLP activation on fc1's output [32 * 2 * 256, 4304] (the elementwise part only). Fused backward = what
+// gelu_linear's backward runs: one kernel writing grad_pre and the rebuilt activation.
+void BM_fused_gelu(benchmark::State& state) {
+  if (!require_cuda(state)) return;
+#ifdef VLATUNE_HAVE_CUDA
+  const bool fused = state.range(0) == 1, backward = state.range(1) == 1;
+  const int64_t rows = kBatch * 2 * kVitTokens;
+  const double unit = 2.0 * rows * kVitMlp;
+  if (backward) {
+    auto pre = rnd({rows, kVitMlp}, 2).requires_grad_(true);
+    auto seed = rnd({rows, kVitMlp});
+    if (fused) {
+      torch::NoGradGuard no_grad;
+      run_gpu_timed(state, [&] {
+        (void)k::gelu(pre);
+        (void)k::gelu_backward(seed, pre, /*rebuild_act=*/true);  // + the activation rebuilt over the gradient
+      });
+    } else {
+      run_gpu_timed(state, [&] { (void)torch::autograd::grad({k::gelu_ref(pre)}, {pre}, {seed}); });
+    }
+    // fwd: pre -> out (2); bwd: grad, pre -> grad_pre (3). The fused side also writes the rebuilt activation
+    // (one more unit it does not get credit for: the unfused side keeps the forward's output alive instead).
+    set_bytes(state, 5 * unit);
+  } else {
+    torch::NoGradGuard no_grad;
+    auto pre = rnd({rows, kVitMlp}, 2);
+    run_gpu_timed(state, [&] { (void)(fused ? k::gelu(pre) : k::gelu_ref(pre)); });
+    set_bytes(state, 2 * unit);
+  }
+#endif
+}
+
 }  // namespace
 
 BENCHMARK(BM_copy_bf16)->UseManualTime()->Unit(benchmark::kMillisecond);
@@ -186,3 +245,5 @@ VLATUNE_FUSED_BENCH(BM_fused_rms_norm_residual);
 VLATUNE_FUSED_BENCH(BM_fused_adarms_norm_residual);
 VLATUNE_FUSED_BENCH(BM_fused_rope_qkv);
 VLATUNE_FUSED_BENCH(BM_fused_geglu);
+VLATUNE_FUSED_BENCH(BM_fused_layer_norm_residual);
+VLATUNE_FUSED_BENCH(BM_fused_gelu);

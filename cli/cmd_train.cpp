@@ -15,7 +15,7 @@ namespace {
 struct TrainCliOptions {
   trainer::TrainOptions train;
   int64_t batch = 0, grad_accum = 0, steps = 0;
-  std::string precision;
+  std::string precision, reduce_dtype;
   double decay_lr = 0;
   bool no_progress = false;
 };
@@ -26,6 +26,7 @@ int run_train(TrainCliOptions& o, CLI::App& cmd, Context& ctx) {
   if (cmd.count("--grad-accum")) t.grad_accum = o.grad_accum;
   if (cmd.count("--steps")) t.steps = o.steps;
   if (cmd.count("--precision")) t.precision = o.precision;
+  if (cmd.count("--reduce-dtype")) t.reduce_dtype = o.reduce_dtype;
   if (cmd.count("--decay-lr")) t.decay_lr = o.decay_lr;
   if (o.no_progress) t.progress_bar = false;
   if (!t.resume.empty() && (cmd.count("--out") || cmd.count("--config") || cmd.count("--data") ||
@@ -40,7 +41,7 @@ int run_train(TrainCliOptions& o, CLI::App& cmd, Context& ctx) {
     throw BadInput(e.what());
   } catch (const formats::FormatError& e) {
     throw BadInput(e.what());
-  }
+  }  // trainer::DistributedError (a rank died, rendezvous failed): a plain failure, exit 1, naming the operation
 }
 
 }  // namespace
@@ -95,6 +96,16 @@ void setup_train(CLI::App& app, Context& ctx) {
   cmd->add_option("--log-every", t.log_every, "Plain log line every N steps")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_flag("--no-progress", o->no_progress, "Plain log lines even on a terminal");
+  // Data-parallel (under `vlatune launch --nproc N`, torchrun or Slurm; --batch/--grad-accum are per process).
+  cmd->add_option("--reduce-dtype", o->reduce_dtype, "Gradient all-reduce dtype (recipe: distributed.reduce_dtype)")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+  cmd->add_option("--dist-buckets", t.dist_buckets,
+                  "groups: all-reduce each recipe group as its backward ends (default); one: one bucket after "
+                  "backward (the comparison baseline)")
+      ->check(CLI::IsMember({"groups", "one"}));
+  cmd->add_option("--dist-timeout", t.dist_timeout_s,
+                  "Seconds a collective or the rendezvous may take before the run fails (default 600)")
+      ->check(CLI::Range(0.1, 86400.0));
   cmd->callback([&ctx, o, cmd] { ctx.action = [&ctx, o, cmd] { return run_train(*o, *cmd, ctx); }; });
 }
 

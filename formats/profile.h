@@ -21,14 +21,14 @@
 //                     to backward, all modules), peak GiB per phase ("forward", "backward", "optimizer"); null
 //                     values where not measurable (CPU)
 //   modules[]         one row per module FQN (openpi names) or pseudo-module "<optimizer>", "<loss>", "<data>",
-//                     "<comm>", "<other>"; times are INCLUSIVE of child modules (a parent's forward_ms includes
-//                     its children's), self_ms is the exclusive time over all phases; sum(self_ms) = attributed
-//                     GPU time. activation_bytes: allocator growth across the module's forward that is still
-//                     held when it returns (what recomputing it could free, plus its output); 0 for pseudo.
-//                     output_bytes: its output tensors; recomputing the module frees about
-//                     activation_bytes - output_bytes (the recompute A/B rows calibrate this).
-//                     recomputed: the profiled recipe recomputes it (then backward_ms includes no recompute;
-//                     recompute_ms holds the recomputed forward).
+//                     "<comm>", "<inputs>" (masks, positions, RoPE tables, time embedding from the batch); times are
+//                     INCLUSIVE of child modules (a parent's forward_ms includes its children's), self_ms is the
+//                     exclusive time over all phases; sum(self_ms) = attributed GPU time. activation_bytes: allocator
+//                     growth across the module's forward that is still held when it returns (what recomputing it could
+//                     free, plus its output); 0 for pseudo. output_bytes: its output tensors; recomputing the module
+//                     frees about activation_bytes - output_bytes (the recompute A/B rows calibrate this). recomputed:
+//                     the profiled recipe recomputes it (then backward_ms includes no recompute; recompute_ms holds the
+//                     recomputed forward).
 //   kernels[]         per kernel name: calls and ms per step, category ("gemm", "attention", "elementwise",
 //                     "reduction", "optimizer", "memcpy", "memset", "communication", "other")
 //   attribution       fraction of GPU time inside some scope, the unattributed kernels by name, dropped records
@@ -71,7 +71,7 @@ struct ProfileSettings {
 };
 
 struct ModuleCost {
-  std::string fqn;   // openpi FQN, or a pseudo-module "<optimizer>", "<loss>", "<data>", "<comm>", "<other>"
+  std::string fqn;   // openpi FQN, or a pseudo-module "<optimizer>", "<loss>", "<data>", "<comm>", "<inputs>"
   std::string kind;  // module type ("Linear", "RMSNorm", "GemmaDecoderLayer", ...) or "pseudo"
   double forward_ms = 0, backward_ms = 0, recompute_ms = 0;  // inclusive, per step
   double self_ms = 0;                                        // exclusive, all phases, per step

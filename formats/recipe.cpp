@@ -120,8 +120,8 @@ const char* to_string(Attention v) {
 const char* to_string(Precision v) {
   return v == Precision::kBf16 ? "bf16" : "fp32-master";
 }
-const char* to_string(Fp8Scaling) {
-  return "tensorwise";
+const char* to_string(Fp8Scaling v) {
+  return v == Fp8Scaling::kTensorwise ? "tensorwise" : "delayed";
 }
 const char* to_string(ReduceDtype v) {
   return v == ReduceDtype::kBf16 ? "bf16" : "fp32";
@@ -171,7 +171,9 @@ Recipe parse_recipe(const nlohmann::json& j, const std::string& file) {
   }
   if (auto v = root.find("fp8")) {
     v->expect_object({"scaling", "modules"});
-    if (auto s = v->find("scaling")) s->get_enum({"tensorwise"});
+    if (auto s = v->find("scaling"))
+      r.fp8.scaling =
+          s->get_enum({"tensorwise", "delayed"}) == "delayed" ? Fp8Scaling::kDelayed : Fp8Scaling::kTensorwise;
     if (auto m = v->find("modules")) r.fp8.modules = parse_patterns(*m);
   }
   if (auto v = root.find("groups")) parse_groups(*v, r.groups);

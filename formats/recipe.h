@@ -24,8 +24,10 @@ inline constexpr const char* kRecipeSchema = "vlatune.recipe/1";
 
 enum class Attention { kLean, kMaterialized };  // "lean" | "materialized"
 enum class Precision { kBf16, kFp32Master };    // "bf16" | "fp32-master"
-enum class Fp8Scaling { kTensorwise };          // "tensorwise"
-enum class ReduceDtype { kBf16, kFp32 };        // "bf16" | "fp32"
+// Both are one scale per tensor. "tensorwise": current scaling (the amax of the tensor being cast);
+// "delayed": the amax history of the previous casts of that tensor (one pass; the first cast is current).
+enum class Fp8Scaling { kTensorwise, kDelayed };  // "tensorwise" | "delayed"
+enum class ReduceDtype { kBf16, kFp32 };          // "bf16" | "fp32"
 
 const char* to_string(Attention v);
 const char* to_string(Precision v);

@@ -1,7 +1,7 @@
 // Fused decoder kernels (issue 8): torch-free params structs and raw-pointer launchers. Kernels in norm.cu
-// (RMSNorm / adaRMS with the residual fused), rope.cu (Q/K/V split + RoPE in one pass) and geglu.cu; the ATen
-// references in fused_ref.cpp; checks, dispatch by device and the autograd wrappers in fused_autograd.cpp,
-// declared in fused_ops.h. Design note: fused.md.
+// (RMSNorm / adaRMS / LayerNorm with the residual fused), rope.cu (Q/K/V split + RoPE in one pass) and geglu.cu
+// (GeGLU, GELU); the ATen references in fused_ref.cpp; checks, dispatch by device and the autograd wrappers in
+// fused_autograd.cpp, declared in fused_ops.h. Design note: fused.md.
 //
 // Layout shared by all of them: activations are contiguous rows of `width` elements in the compute dtype (fp32
 // or bf16); every statistic and every product is computed in fp32; results are rounded to the compute dtype
@@ -50,6 +50,45 @@ bool rms_norm_supported(ActDtype dtype, int64_t width);
 int64_t rms_norm_bwd_blocks(int64_t rows);
 void launch_rms_norm_fwd(const RmsNormFwdParams& p, CUstream_st* stream);
 void launch_rms_norm_bwd(const RmsNormBwdParams& p, CUstream_st* stream);
+
+// ---------------------------------------------------------------------------------------------- LayerNorm
+// SigLIP's pre-LN blocks: h = x + delta (rounded to the dtype, as ATen's add; h = x when delta is null),
+// y = (h - mean) * rstd * weight + bias, mean and rstd = rsqrt(var + eps) (biased variance) in fp32.
+// weight and bias are fp32 copies of the values the reference uses (the parameters cast to the activation dtype).
+struct LayerNormFwdParams {
+  ActDtype dtype = ActDtype::kBf16;
+  int64_t rows = 0, width = 0;
+  const void* x = nullptr;        // [rows, width]
+  const void* delta = nullptr;    // [rows, width] or null
+  const float* weight = nullptr;  // [width]
+  const float* bias = nullptr;    // [width]
+  float eps = 1e-6f;
+  void* h = nullptr;      // [rows, width], written when delta != null
+  void* y = nullptr;      // [rows, width]
+  float* mean = nullptr;  // [rows]
+  float* rstd = nullptr;  // [rows]
+};
+
+// grad_x = grad_h + d(y)/d(h)^T grad_y (the gradient of x and of delta alike). weight_partials[block][0][:] =
+// per-block sums of grad_y * (h - mean) * rstd (weight), [block][1][:] = of grad_y (bias); the caller sums the
+// layer_norm_bwd_blocks(rows) blocks.
+struct LayerNormBwdParams {
+  ActDtype dtype = ActDtype::kBf16;
+  int64_t rows = 0, width = 0;
+  const void* grad_y = nullptr;  // [rows, width]
+  const void* grad_h = nullptr;  // [rows, width] or null
+  const void* h = nullptr;       // [rows, width]
+  const float* weight = nullptr;
+  const float* mean = nullptr;
+  const float* rstd = nullptr;
+  void* grad_x = nullptr;
+  float* weight_partials = nullptr;  // [layer_norm_bwd_blocks(rows), 2, width]
+};
+
+bool layer_norm_supported(ActDtype dtype, int64_t width);
+int64_t layer_norm_bwd_blocks(int64_t rows);
+void launch_layer_norm_fwd(const LayerNormFwdParams& p, CUstream_st* stream);
+void launch_layer_norm_bwd(const LayerNormBwdParams& p, CUstream_st* stream);
 
 // ---------------------------------------------------------------------------------------------- adaRMS
 // Rows are [batch, tokens]; scale/shift/gate are rows of the batch (views of the [batch, 3 * width] modulation:
@@ -122,17 +161,36 @@ void launch_rope_qkv_bwd(const RopeQkvParams& p, CUstream_st* stream);
 // ---------------------------------------------------------------------------------------------- GeGLU
 // merged [rows, 2F] = [gate | up] (the merged gate+up GEMM output) -> out [rows, F] = round(round(gelu_tanh(gate))
 // * up) (ATen's two roundings). Backward: grad_merged [rows, 2F] = [round(round(g * up) * gelu'(gate)) |
-// round(g * round(gelu(gate)))].
+// round(g * round(gelu(gate)))]. With act_out, the backward also writes the forward's output there (the down
+// projection's input, for its weight gradient, so the backward does not rerun the forward kernel); act_out may be
+// grad_out itself (each element is read before it is overwritten, by the same thread).
 struct GegluParams {
   ActDtype dtype = ActDtype::kBf16;
   int64_t rows = 0, features = 0;  // F
   const void* merged = nullptr;
   const void* grad_out = nullptr;  // backward only
   void* out = nullptr;             // forward: [rows, F]; backward: grad_merged [rows, 2F]
+  void* act_out = nullptr;         // backward only, optional: [rows, F]
 };
 
 bool geglu_supported(ActDtype dtype, int64_t features);
 void launch_geglu_fwd(const GegluParams& p, CUstream_st* stream);
 void launch_geglu_bwd(const GegluParams& p, CUstream_st* stream);
+
+// ---------------------------------------------------------------------------------------------- GELU
+// SigLIP's MLP activation on the fc1 output (bias already added by the GEMM): out = round(gelu_tanh(x)).
+// Backward: grad_x = round(gelu'(x) * grad) and, with act_out (which may alias grad_out), the forward's output.
+struct GeluParams {
+  ActDtype dtype = ActDtype::kBf16;
+  int64_t numel = 0;  // a multiple of 16 bytes of the dtype
+  const void* x = nullptr;
+  const void* grad_out = nullptr;  // backward only
+  void* out = nullptr;             // forward: gelu(x); backward: grad_x
+  void* act_out = nullptr;         // backward only, optional
+};
+
+bool gelu_supported(ActDtype dtype, int64_t numel);
+void launch_gelu_fwd(const GeluParams& p, CUstream_st* stream);
+void launch_gelu_bwd(const GeluParams& p, CUstream_st* stream);
 
 }  // namespace vlatune::kernels

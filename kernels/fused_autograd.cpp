@@ -1,6 +1,7 @@
 // Autograd wrappers of the fused decoder kernels (contract: fused_ops.h; design: fused.md): input checks, dispatch
 // by device (CUDA kernels of norm.cu / rope.cu / geglu.cu, else the ATen reference forward with its analytic
-// backward), and the two GEMM wrappers (merged_linear, geglu_linear), which are ATen on every device.
+// backward), the GEMM wrappers (merged_linear, geglu_linear, gelu_linear; their GEMMs are ATen on every device)
+// and the view split of SigLIP's merged QKV output (split_qkv_heads).
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -118,8 +119,9 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     ctx->saved_data["kernel"] = kernel;
     ctx->saved_data["has_delta"] = delta.defined();
     ctx->save_for_backward({h, weight, rstd});
-    if (delta.defined()) return {h, y};
-    return {y};
+    // h is an output even without delta (then it is x, returned as a view): whatever reads the residual stream
+    // through it sends its gradient here as grad_h, which the backward kernel adds in place of an engine add.
+    return {h, y};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -127,8 +129,8 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     const bool kernel = ctx->saved_data["kernel"].toBool();
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &h = saved[0], &weight = saved[1], &rstd = saved[2];
-    const at::Tensor grad_h = has_delta ? dense(grads[0]) : at::Tensor();
-    at::Tensor grad_y = has_delta ? grads[1] : grads[0];
+    const at::Tensor grad_h = dense(grads[0]);
+    at::Tensor grad_y = grads[1];
     if (!grad_y.defined()) grad_y = at::zeros_like(h);
     grad_y = dense(grad_y);
     const int64_t width = h.size(-1), rows = h.numel() / std::max<int64_t>(width, 1);
@@ -168,6 +170,106 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     }
     // Inputs: x, delta, weight, eps. h = x + delta: both receive the total gradient of h.
     return {grad_x, has_delta ? grad_x : at::Tensor(), grad_w, at::Tensor()};
+  }
+};
+
+// ------------------------------------------------------------------------------------------------ LayerNorm
+
+struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x_in, const std::optional<at::Tensor>& delta_in,
+                               const at::Tensor& weight, const at::Tensor& bias, double eps) {
+    const at::Tensor x = dense(x_in), delta = dense(delta_in.value_or(at::Tensor()));
+    const int64_t width = x.size(-1), rows = x.numel() / std::max<int64_t>(width, 1);
+    at::Tensor h, y, mean, rstd;
+    const bool kernel = fused_kernels_apply(x) && layer_norm_supported(act_dtype(x), width);
+    if (kernel) {
+#ifdef VLATUNE_HAVE_CUDA
+      const c10::cuda::CUDAGuard guard(x.device());
+      // The values the reference uses: the parameters cast to the activation dtype (then fp32 for the kernel).
+      const at::Tensor w32 = weight.to(x.scalar_type()).to(at::kFloat).contiguous();
+      const at::Tensor b32 = bias.to(x.scalar_type()).to(at::kFloat).contiguous();
+      y = at::empty_like(x);
+      h = delta.defined() ? at::empty_like(x) : x;
+      mean = at::empty({rows}, x.options().dtype(at::kFloat));
+      rstd = at::empty({rows}, x.options().dtype(at::kFloat));
+      LayerNormFwdParams p;
+      p.dtype = act_dtype(x);
+      p.rows = rows;
+      p.width = width;
+      p.x = x.const_data_ptr();
+      p.delta = delta.defined() ? delta.const_data_ptr() : nullptr;
+      p.weight = w32.const_data_ptr<float>();
+      p.bias = b32.const_data_ptr<float>();
+      p.eps = static_cast<float>(eps);
+      p.h = delta.defined() ? h.data_ptr() : nullptr;
+      p.y = y.data_ptr();
+      p.mean = mean.data_ptr<float>();
+      p.rstd = rstd.data_ptr<float>();
+      launch_layer_norm_fwd(p, stream_of(x));
+#endif
+    } else {
+      h = delta.defined() ? x + delta : x;
+      auto out = at::native_layer_norm(h, {width}, weight.to(h.scalar_type()), bias.to(h.scalar_type()), eps);
+      y = std::get<0>(out);
+      mean = std::get<1>(out).to(math_of(h)).reshape({rows});
+      rstd = std::get<2>(out).to(math_of(h)).reshape({rows});
+    }
+    ctx->saved_data["kernel"] = kernel;
+    ctx->saved_data["has_delta"] = delta.defined();
+    ctx->save_for_backward({h, weight, bias, mean, rstd});
+    return {h, y};  // h (x as a view without delta): its gradient joins in the backward kernel, as RmsNormFn's
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const bool has_delta = ctx->saved_data["has_delta"].toBool();
+    const bool kernel = ctx->saved_data["kernel"].toBool();
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &h = saved[0], &weight = saved[1], &bias = saved[2], &mean = saved[3], &rstd = saved[4];
+    const at::Tensor grad_h = dense(grads[0]);
+    at::Tensor grad_y = grads[1];
+    if (!grad_y.defined()) grad_y = at::zeros_like(h);
+    grad_y = dense(grad_y);
+    const int64_t width = h.size(-1), rows = h.numel() / std::max<int64_t>(width, 1);
+    at::Tensor grad_x, grad_w, grad_b;
+    if (kernel) {
+#ifdef VLATUNE_HAVE_CUDA
+      const c10::cuda::CUDAGuard guard(h.device());
+      const at::Tensor w32 = weight.to(h.scalar_type()).to(at::kFloat).contiguous();
+      grad_x = at::empty_like(h);
+      at::Tensor partials = at::empty({layer_norm_bwd_blocks(rows), 2, width}, h.options().dtype(at::kFloat));
+      LayerNormBwdParams p;
+      p.dtype = act_dtype(h);
+      p.rows = rows;
+      p.width = width;
+      p.grad_y = grad_y.const_data_ptr();
+      p.grad_h = grad_h.defined() ? grad_h.const_data_ptr() : nullptr;
+      p.h = h.const_data_ptr();
+      p.weight = w32.const_data_ptr<float>();
+      p.mean = mean.const_data_ptr<float>();
+      p.rstd = rstd.const_data_ptr<float>();
+      p.grad_x = grad_x.data_ptr();
+      p.weight_partials = partials.data_ptr<float>();
+      launch_layer_norm_bwd(p, stream_of(h));
+      auto sums = partials.sum(0);  // [2, width]
+      grad_w = sums.select(0, 0).to(weight.scalar_type());
+      grad_b = sums.select(0, 1).to(bias.scalar_type());
+#endif
+    } else {
+      // Analytic backward of y = n * w + b, n = (h - mean) * rstd:
+      // dh = rstd * (g - mean(g) - n * mean(g * n)) with g = grad_y * w; dw = sum of grad_y * n, db = sum of grad_y.
+      const auto md = math_of(h);
+      auto n = (h.to(md) - mean.view(keepdim_shape(h))) * rstd.view(keepdim_shape(h));
+      auto gy = grad_y.to(md);
+      auto g = gy * weight.to(h.scalar_type()).to(md);
+      auto dh =
+          rstd.view(keepdim_shape(h)) * (g - g.mean(-1, /*keepdim=*/true) - n * (g * n).mean(-1, /*keepdim=*/true));
+      if (grad_h.defined()) dh = dh + grad_h.to(md);
+      grad_x = dh.to(h.scalar_type());
+      grad_w = (gy * n).reshape({rows, width}).sum(0).to(weight.scalar_type());
+      grad_b = gy.reshape({rows, width}).sum(0).to(bias.scalar_type());
+    }
+    // Inputs: x, delta, weight, bias, eps.
+    return {grad_x, has_delta ? grad_x : at::Tensor(), grad_w, grad_b, at::Tensor()};
   }
 };
 
@@ -475,11 +577,15 @@ at::Tensor geglu_fwd(const at::Tensor& merged_in) {
   return out;
 }
 
-at::Tensor geglu_bwd_impl(const at::Tensor& grad_in, const at::Tensor& merged_in) {
+// act_out: when given (contiguous, [rows, F], may be grad_in itself), the kernel also writes the forward's output
+// there. Only with the kernel: the caller checks geglu_kernel first.
+at::Tensor geglu_bwd_impl(const at::Tensor& grad_in, const at::Tensor& merged_in, void* act_out = nullptr) {
   if (!geglu_kernel(merged_in)) return geglu_bwd_ref(grad_in, merged_in);
   at::Tensor out;
 #ifdef VLATUNE_HAVE_CUDA
   const at::Tensor merged = dense(merged_in), grad = dense(grad_in);
+  if (act_out != nullptr && grad.data_ptr() != grad_in.data_ptr())
+    throw std::logic_error("geglu backward: act_out needs a dense gradient");
   const int64_t f = merged.size(-1) / 2;
   out = at::empty_like(merged);
   const c10::cuda::CUDAGuard guard(merged.device());
@@ -490,6 +596,7 @@ at::Tensor geglu_bwd_impl(const at::Tensor& grad_in, const at::Tensor& merged_in
   p.merged = merged.const_data_ptr();
   p.grad_out = grad.const_data_ptr();
   p.out = out.data_ptr();
+  p.act_out = act_out;
   launch_geglu_bwd(p, stream_of(merged));
 #endif
   return out;
@@ -534,13 +641,18 @@ struct MergedLinearFn : public torch::autograd::Function<MergedLinearFn> {
     const at::Tensor g = grads[0].reshape({-1, n_total});
     if (ctx->needs_input_grad(0)) result[0] = g.mm(stacked(weights, g)).view(x.sizes());  // stack rebuilt here
     const at::Tensor x2 = x.reshape({-1, k});
+    // The bias gradients as one reduction over the contiguous rows (three strided column reductions read the
+    // gradient at a third of the bandwidth).
+    const at::Tensor bias_sums = has_bias ? g.sum(0) : at::Tensor();
     int64_t offset = 0;
     for (int64_t i = 0; i < count; ++i) {
       const int64_t n = weights[i].size(0);
       const at::Tensor gi = g.narrow(1, offset, n);  // strided columns: cuBLAS reads them in place
       if (ctx->needs_input_grad(1 + i)) result[1 + i] = gi.t().mm(x2).to(weights[i].scalar_type());
       if (has_bias && ctx->needs_input_grad(1 + count + i))
-        result[1 + count + i] = gi.sum(0).to(weights[i].scalar_type());
+        result[1 + count + i] = bias_sums.narrow(0, offset, n)
+                                    .to(weights[i].scalar_type(), /*non_blocking=*/false,
+                                        /*copy=*/true);  // own storage per gradient
       offset += n;
     }
     return result;
@@ -566,16 +678,131 @@ struct GegluLinearFn : public torch::autograd::Function<GegluLinearFn> {
     if (!grads[0].defined()) return result;
     const int64_t out_features = weight.size(0), f = weight.size(1);
     const at::Tensor g = grads[0].reshape({-1, out_features});
-    {
-      const at::Tensor act = geglu_fwd(merged).reshape({-1, f});  // recomputed, freed after the weight gradient
-      result[1] = g.t().mm(act).to(weight.scalar_type());
-    }
     if (bias.defined()) result[2] = g.sum(0).to(bias.scalar_type());
     std::vector<int64_t> act_shape = merged.sizes().vec();
     act_shape.back() = f;
-    const at::Tensor grad_act = g.mm(cast_like(weight, g)).view(act_shape);
-    result[0] = geglu_bwd_impl(grad_act, merged);
+    at::Tensor grad_act = g.mm(cast_like(weight, g)).view(act_shape);
+    at::Tensor act;
+    if (geglu_kernel(merged) && grad_act.is_contiguous() && aligned16(grad_act)) {
+      // One kernel: grad_merged, and the GeGLU output written over grad_act (no second forward kernel).
+      result[0] = geglu_bwd_impl(grad_act, merged, grad_act.data_ptr());
+      act = std::move(grad_act);
+    } else {
+      result[0] = geglu_bwd_impl(grad_act, merged);
+      grad_act.reset();
+      act = geglu_fwd(merged);  // recomputed
+    }
+    result[1] = g.t().mm(act.reshape({-1, f})).to(weight.scalar_type());
     return result;
+  }
+};
+
+// ------------------------------------------------------------------------------------------------ GELU
+
+bool gelu_kernel(const at::Tensor& x) {
+  return fused_kernels_apply(x) && gelu_supported(act_dtype(x), x.numel());
+}
+
+at::Tensor gelu_fwd(const at::Tensor& x_in) {
+  if (!gelu_kernel(x_in)) return gelu_ref(x_in);
+  at::Tensor out;
+#ifdef VLATUNE_HAVE_CUDA
+  const at::Tensor x = dense(x_in);
+  out = at::empty_like(x);
+  const c10::cuda::CUDAGuard guard(x.device());
+  GeluParams p;
+  p.dtype = act_dtype(x);
+  p.numel = x.numel();
+  p.x = x.const_data_ptr();
+  p.out = out.data_ptr();
+  launch_gelu_fwd(p, stream_of(x));
+#endif
+  return out;
+}
+
+// grad_x of gelu_tanh at x; with rebuild (kernel only, grad contiguous and aligned), gelu(x) is written over grad.
+at::Tensor gelu_bwd_impl(at::Tensor& grad, const at::Tensor& x_in, bool rebuild) {
+  if (!gelu_kernel(x_in) || grad.sizes() != x_in.sizes()) return at::gelu_backward(grad, x_in, "tanh");
+  at::Tensor out;
+#ifdef VLATUNE_HAVE_CUDA
+  const at::Tensor x = dense(x_in);
+  if (rebuild && (!grad.is_contiguous() || !aligned16(grad)))
+    throw std::logic_error("gelu backward: rebuilding the activation needs a dense gradient");
+  const at::Tensor g = dense(grad);
+  const c10::cuda::CUDAGuard guard(x.device());
+  out = at::empty_like(x);
+  GeluParams p;
+  p.dtype = act_dtype(x);
+  p.numel = x.numel();
+  p.x = x.const_data_ptr();
+  p.grad_out = g.const_data_ptr();
+  p.out = out.data_ptr();
+  p.act_out = rebuild ? grad.data_ptr() : nullptr;
+  launch_gelu_bwd(p, stream_of(x));
+#endif
+  return out;
+}
+
+// fc2(gelu(pre)): saves pre; the backward kernel writes grad_pre and rebuilds gelu(pre) over grad_act.
+struct GeluLinearFn : public torch::autograd::Function<GeluLinearFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& pre, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias_in, const std::string& scope_fqn) {
+    const at::Tensor bias = bias_in.value_or(at::Tensor());
+    const at::Tensor act = gelu_fwd(pre);
+    ctx->save_for_backward({pre, weight, bias});
+    if (scope_fqn.empty()) return at::linear(act, cast_like(weight, act), bias.defined() ? cast_like(bias, act) : bias);
+    profiler::Scope scope(scope_fqn);
+    return at::linear(act, cast_like(weight, act), bias.defined() ? cast_like(bias, act) : bias);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &pre = saved[0], &weight = saved[1], &bias = saved[2];
+    variable_list result(4);
+    if (!grads[0].defined()) return result;
+    const int64_t out_features = weight.size(0), f = weight.size(1);
+    const at::Tensor g = grads[0].reshape({-1, out_features});
+    if (bias.defined()) result[2] = g.sum(0).to(bias.scalar_type());
+    at::Tensor grad_act = g.mm(cast_like(weight, g)).view(pre.sizes());
+    at::Tensor act;
+    if (gelu_kernel(pre) && grad_act.is_contiguous() && aligned16(grad_act)) {
+      result[0] = gelu_bwd_impl(grad_act, pre, /*rebuild=*/true);  // gelu(pre) over the consumed gradient
+      act = std::move(grad_act);
+    } else {
+      result[0] = at::gelu_backward(grad_act, pre, "tanh");
+      grad_act.reset();
+      act = gelu_ref(pre);
+    }
+    result[1] = g.t().mm(act.reshape({-1, f})).to(weight.scalar_type());
+    return result;
+  }
+};
+
+// ------------------------------------------------------------------------------------------------ QKV heads
+
+// qkv [B, T, 3 * H * D] -> q, k, v [B, H, T, D] views. Backward: one stack of the three gradients.
+struct SplitQkvFn : public torch::autograd::Function<SplitQkvFn> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads) {
+    const int64_t batch = qkv.size(0), t = qkv.size(1), d = qkv.size(2) / (3 * heads);
+    ctx->saved_data["heads"] = heads;
+    ctx->saved_data["shape"] = qkv.sizes().vec();
+    auto parts = qkv.view({batch, t, 3, heads, d}).unbind(2);  // [B, T, H, D] each
+    return {parts[0].transpose(1, 2), parts[1].transpose(1, 2), parts[2].transpose(1, 2)};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto shape = ctx->saved_data["shape"].toIntVector();
+    const int64_t heads = ctx->saved_data["heads"].toInt();
+    const int64_t batch = shape[0], t = shape[1], d = shape[2] / (3 * heads);
+    at::Tensor like;
+    for (const auto& g : grads)
+      if (g.defined()) like = g;
+    if (!like.defined()) return {at::Tensor(), at::Tensor()};
+    std::vector<at::Tensor> parts;
+    for (const auto& g : grads)
+      parts.push_back(g.defined() ? g.transpose(1, 2) : at::zeros({batch, t, heads, d}, like.options()));
+    // [B, T, 3, H, D] in one copy kernel = the merged layout.
+    return {at::stack(parts, 2).view({batch, t, shape[2]}), at::Tensor()};
   }
 };
 
@@ -597,8 +824,7 @@ NormOutputs rms_norm_residual(const at::Tensor& x, const at::Tensor& delta, cons
   if (!weight.defined() || weight.dim() != 1 || weight.size(0) != x.size(-1) || weight.device() != x.device())
     fail(op, "weight must be [" + std::to_string(x.size(-1)) + "] on " + x.device().str(), weight);
   auto out = RmsNormFn::apply(x, optional(delta), weight, eps);
-  if (delta.defined()) return {out[0], out[1]};
-  return {x, out[0]};
+  return {out[0], out[1]};
 }
 
 NormOutputs adarms_norm_residual(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& gate,
@@ -627,6 +853,46 @@ QkvHeads rope_qkv(const at::Tensor& qkv_prefix, const at::Tensor& qkv_suffix, co
       cos.size(3) != r.d / 2 || !sin.defined() || sin.sizes() != cos.sizes())
     fail("rope_qkv", "cos and sin must be [B, 1, P + S, head_dim / 2]", cos);
   auto out = RopeQkvFn::apply(qkv_prefix, qkv_suffix, cos, sin, heads, kv_heads, prefix_q);
+  return {out[0], out[1], out[2]};
+}
+
+NormOutputs layer_norm_residual(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
+                                const at::Tensor& bias, double eps) {
+  const std::string op = "layer_norm_residual";
+  if (!x.defined() || x.dim() < 1 || !at::isFloatingType(x.scalar_type())) fail(op, "x must be a floating tensor", x);
+  check_like(op, "delta", delta, x);
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"weight", weight}, {"bias", bias}}) {
+    if (!t.defined() || t.dim() != 1 || t.size(0) != x.size(-1) || t.device() != x.device())
+      fail(op, std::string(name) + " must be [" + std::to_string(x.size(-1)) + "] on " + x.device().str(), t);
+  }
+  auto out = LayerNormFn::apply(x, optional(delta), weight, bias, eps);
+  return {out[0], out[1]};
+}
+
+at::Tensor gelu(const at::Tensor& x) {
+  if (!x.defined()) fail("gelu", "x must be defined", x);
+  return gelu_fwd(x);
+}
+
+at::Tensor gelu_backward(at::Tensor& grad, const at::Tensor& x, bool rebuild_act) {
+  if (!x.defined() || !grad.defined() || grad.sizes() != x.sizes())
+    fail("gelu_backward", "grad must match x (" + describe(x) + ")", grad);
+  return gelu_bwd_impl(grad, x, rebuild_act && gelu_kernel(x));
+}
+
+at::Tensor gelu_linear(const at::Tensor& pre, const at::Tensor& weight, const at::Tensor& bias,
+                       const std::string& scope_fqn) {
+  const std::string op = "gelu_linear";
+  if (!pre.defined() || pre.dim() < 1) fail(op, "pre must be [..., F]", pre);
+  if (!weight.defined() || weight.dim() != 2 || weight.size(1) != pre.size(-1))
+    fail(op, "weight must be [out, " + std::to_string(pre.size(-1)) + "]", weight);
+  return GeluLinearFn::apply(pre, weight, optional(bias), scope_fqn);
+}
+
+QkvHeads split_qkv_heads(const at::Tensor& qkv, int64_t heads) {
+  if (!qkv.defined() || qkv.dim() != 3 || heads <= 0 || qkv.size(2) % (3 * heads) != 0)
+    fail("split_qkv_heads", "qkv must be [B, T, 3 * heads * head_dim] with heads = " + std::to_string(heads), qkv);
+  auto out = SplitQkvFn::apply(qkv.is_contiguous() ? qkv : qkv.contiguous(), heads);
   return {out[0], out[1], out[2]};
 }
 

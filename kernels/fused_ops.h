@@ -11,7 +11,12 @@
 //                       pre-attention norm saves anyway, so the fused residual adds only delta
 //   rope_qkv            nothing
 //   merged_linear       x (as any Linear); the concatenated weight is rebuilt in backward, never kept
-//   geglu_linear        the merged gate+up output; the GeGLU output (the down projection's input) is recomputed
+//   geglu_linear        the merged gate+up output; the GeGLU output (the down projection's input) is rebuilt by
+//                       the backward kernel (in the buffer of its gradient), not by a second forward kernel
+//   layer_norm_residual h (or x without a residual) + mean and rstd [rows] fp32
+//   gelu_linear         the fc1 output (pre-activation) only; the GELU output is rebuilt by the backward kernel
+//   split_qkv_heads     nothing (its outputs are views of the merged QKV output; the backward stacks the three
+//                       gradients into one [.., 3 * width] tensor instead of three zero-filled slice gradients)
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,7 +27,10 @@
 namespace vlatune::kernels {
 
 struct NormOutputs {
-  at::Tensor h;  // the residual stream after the fused add (x itself without a residual)
+  // The residual stream after the fused add. Without a residual: x itself (adarms_norm_residual) or, for
+  // rms_norm_residual and layer_norm_residual, a view of x whose gradient the norm's backward kernel adds to x's
+  // (read the residual stream through it: the engine then runs no separate gradient accumulation for x).
+  at::Tensor h;
   at::Tensor y;  // the norm output
 };
 
@@ -39,6 +47,14 @@ NormOutputs adarms_norm_residual(const at::Tensor& x, const at::Tensor& delta, c
                                  const at::Tensor& scale, const at::Tensor& shift, double eps);
 NormOutputs adarms_norm_residual_ref(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& gate,
                                      const at::Tensor& scale, const at::Tensor& shift, double eps);
+
+// LayerNorm with the residual add fused (SigLIP): h = x + delta (delta undefined: h = x),
+// y = layer_norm(h) * weight + bias with mean/variance in fp32 (fp64 for fp64). weight and bias [width] are cast
+// to x's dtype first, as model::LayerNorm does, so bf16 results equal the reference's up to the rounding order.
+NormOutputs layer_norm_residual(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
+                                const at::Tensor& bias, double eps);
+NormOutputs layer_norm_residual_ref(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
+                                    const at::Tensor& bias, double eps);
 
 struct QkvHeads {
   at::Tensor q;  // [B, H, Tq, D]: Tq = P + S, or S without prefix_q
@@ -74,6 +90,22 @@ at::Tensor geglu_backward(const at::Tensor& grad, const at::Tensor& merged);
 // names the profiler scope of the down-projection GEMM (the GeGLU stays in the caller's scope); empty = none.
 at::Tensor geglu_linear(const at::Tensor& merged, const at::Tensor& weight, const at::Tensor& bias,
                         const std::string& scope_fqn);
+
+// fc2(gelu_tanh(pre)) = gelu_tanh(pre) W^T (+ b) as one autograd node that saves `pre` only (SigLIP's MLP: the
+// GELU output, 4,304 wide, is rebuilt by the backward kernel). `scope_fqn` names the GEMM's profiler scope.
+at::Tensor gelu_linear(const at::Tensor& pre, const at::Tensor& weight, const at::Tensor& bias,
+                       const std::string& scope_fqn);
+// gelu_tanh alone (kernel on CUDA, ATen elsewhere; no autograd of its own): for tests and benchmarks.
+at::Tensor gelu(const at::Tensor& x);
+at::Tensor gelu_ref(const at::Tensor& x);
+// The gradient of x given the gradient of gelu(x). rebuild_act (CUDA kernel only; grad dense): gelu(x) is written
+// over `grad` by the same kernel (what gelu_linear's backward does for fc2's weight gradient).
+at::Tensor gelu_backward(at::Tensor& grad, const at::Tensor& x, bool rebuild_act = false);
+
+// The merged QKV output [B, T, 3 * heads * D] ([q | k | v] columns) -> q, k, v [B, heads, T, D] as views (no
+// copy: SDPA reads the strided heads in place). Differentiable: the backward writes the three head gradients into
+// one [B, T, 3 * heads * D] tensor with a single stack.
+QkvHeads split_qkv_heads(const at::Tensor& qkv, int64_t heads);
 
 // True when this process runs the CUDA kernels for tensors like `x` (CUDA build, CUDA tensor, fp32 or bf16).
 bool fused_kernels_apply(const at::Tensor& x);

@@ -65,6 +65,16 @@ QkvHeads rope_qkv_ref(const at::Tensor& qkv_prefix, const at::Tensor& qkv_suffix
   return {q, k, v};
 }
 
+NormOutputs layer_norm_residual_ref(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
+                                    const at::Tensor& bias, double eps) {
+  at::Tensor h = delta.defined() ? x + delta : x;
+  return {h, at::layer_norm(h, {h.size(-1)}, like(weight, h), like(bias, h), eps)};
+}
+
+at::Tensor gelu_ref(const at::Tensor& x) {
+  return at::gelu(x, "tanh");
+}
+
 at::Tensor geglu_ref(const at::Tensor& merged) {
   const int64_t f = merged.size(-1) / 2;
   return at::gelu(merged.narrow(-1, 0, f), "tanh") * merged.narrow(-1, f, f);

@@ -1,4 +1,5 @@
-// GeGLU on the merged gate+up GEMM output: forward and backward (math in fused.h, design in fused.md).
+// GeGLU on the merged gate+up GEMM output and SigLIP's GELU: forward and backward (math in fused.h, design in
+// fused.md).
 // Torch-free: raw pointers, a stream, VLATUNE_CUDA_CHECK.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -83,19 +84,66 @@ __global__ void __launch_bounds__(kThreads) geglu_bwd_kernel(const GegluParams p
     const Pack<T, V> g = load_pack(row + c, 0);
     const Pack<T, V> u = load_pack(row + p.features + c, 0);
     const Pack<T, V> dy = load_pack(grad + r * p.features + c, 0);
-    Pack<T, V> dg, du;
+    Pack<T, V> dg, du, act;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const float x = to_float(g.v[k]), up = to_float(u.v[k]), d = to_float(dy.v[k]);
       // Autograd of gelu(gate) * up: d_gelu = round(d * up), d_gate = gelu_backward(d_gelu, gate),
       // d_up = round(d * round(gelu(gate))).
+      const float gelu = round_to<T>(gelu_tanh(x));
       dg.v[k] = from_float<T>(gelu_tanh_grad(round_to<T>(d * up), x));
-      du.v[k] = from_float<T>(d * round_to<T>(gelu_tanh(x)));
+      du.v[k] = from_float<T>(d * gelu);
+      act.v[k] = from_float<T>(gelu * up);  // the forward's output, rounded as there
     }
     T* orow = out + r * 2 * p.features;
     store_pack(orow + c, 0, dg);
     store_pack(orow + p.features + c, 0, du);
+    // After the loads of this element's gradient: act_out may be grad_out itself.
+    if (p.act_out != nullptr) store_pack(static_cast<T*>(p.act_out) + r * p.features + c, 0, act);
   }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) gelu_fwd_kernel(const GeluParams p) {
+  constexpr int V = kVec<T>;
+  const int64_t total = p.numel / V;
+  const T* x = static_cast<const T*>(p.x);
+  T* out = static_cast<T*>(p.out);
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const Pack<T, V> xp = load_pack(x, idx);
+    Pack<T, V> o;
+#pragma unroll
+    for (int k = 0; k < V; ++k) o.v[k] = from_float<T>(gelu_tanh(to_float(xp.v[k])));
+    store_pack(out, idx, o);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) gelu_bwd_kernel(const GeluParams p) {
+  constexpr int V = kVec<T>;
+  const int64_t total = p.numel / V;
+  const T* x = static_cast<const T*>(p.x);
+  const T* grad = static_cast<const T*>(p.grad_out);
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const Pack<T, V> xp = load_pack(x, idx);
+    const Pack<T, V> dy = load_pack(grad, idx);
+    Pack<T, V> dx, act;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float v = to_float(xp.v[k]);
+      dx.v[k] = from_float<T>(gelu_tanh_grad(to_float(dy.v[k]), v));
+      act.v[k] = from_float<T>(gelu_tanh(v));
+    }
+    store_pack(static_cast<T*>(p.out), idx, dx);
+    if (p.act_out != nullptr) store_pack(static_cast<T*>(p.act_out), idx, act);  // may alias grad_out
+  }
+}
+
+int64_t grid_for(int64_t vectors) {
+  return std::max<int64_t>(1, std::min<int64_t>((vectors + kThreads - 1) / kThreads,
+                                                static_cast<int64_t>(fused_detail::sm_count()) * kBlocksPerSm));
 }
 
 template <typename T>
@@ -125,7 +173,45 @@ void launch(const GegluParams& p, bool forward, cudaStream_t stream) {
   VLATUNE_CUDA_CHECK(cudaGetLastError());
 }
 
+void launch_gelu(const GeluParams& p, bool forward, cudaStream_t stream) {
+  const char* op = forward ? "vlatune::gelu_fwd" : "vlatune::gelu_bwd";
+  if (!gelu_supported(p.dtype, p.numel))
+    throw std::invalid_argument(std::string(op) + ": unsupported element count " + std::to_string(p.numel) +
+                                " (a multiple of 16 bytes)");
+  if (p.numel == 0) return;
+  NvtxRange range(op);
+  if (p.dtype == ActDtype::kBf16) {
+    const auto blocks = static_cast<unsigned>(grid_for(p.numel / kVec<__nv_bfloat16>));
+    if (forward) {
+      gelu_fwd_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(p);
+    } else {
+      gelu_bwd_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(p);
+    }
+  } else {
+    const auto blocks = static_cast<unsigned>(grid_for(p.numel / kVec<float>));
+    if (forward) {
+      gelu_fwd_kernel<float><<<blocks, kThreads, 0, stream>>>(p);
+    } else {
+      gelu_bwd_kernel<float><<<blocks, kThreads, 0, stream>>>(p);
+    }
+  }
+  VLATUNE_CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace
+
+bool gelu_supported(ActDtype dtype, int64_t numel) {
+  const int vec = dtype == ActDtype::kBf16 ? 8 : 4;
+  return numel >= 0 && numel % vec == 0;
+}
+
+void launch_gelu_fwd(const GeluParams& p, CUstream_st* stream) {
+  launch_gelu(p, true, stream);
+}
+
+void launch_gelu_bwd(const GeluParams& p, CUstream_st* stream) {
+  launch_gelu(p, false, stream);
+}
 
 bool geglu_supported(ActDtype dtype, int64_t features) {
   const int vec = dtype == ActDtype::kBf16 ? 8 : 4;

@@ -1,5 +1,5 @@
-// RMSNorm and adaRMS with the residual add fused: forward and backward (math in fused.h, design in fused.md).
-// Torch-free: raw pointers, a stream, VLATUNE_CUDA_CHECK.
+// RMSNorm, adaRMS and LayerNorm with the residual add fused: forward and backward (math in fused.h, design in
+// fused.md). Torch-free: raw pointers, a stream, VLATUNE_CUDA_CHECK.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -323,6 +323,135 @@ __global__ void __launch_bounds__(kMaxThreads) adarms_norm_bwd_kernel(const AdaR
   }
 }
 
+// ------------------------------------------------------------------------------------------------ LayerNorm
+
+template <typename T, int ITERS>
+__global__ void __launch_bounds__(kMaxThreads) layer_norm_fwd_kernel(const LayerNormFwdParams p) {
+  constexpr int V = kVec<T>;
+  const int64_t row = blockIdx.x;
+  const int nvec = static_cast<int>(p.width / V);
+  const int64_t base = row * p.width;
+  const float inv_width = 1.f / static_cast<float>(p.width);
+  float hv[ITERS][V];
+  float sum = 0.f;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int j = it * blockDim.x + threadIdx.x;
+    if (j >= nvec) continue;
+    Pack<T, V> xp = load_pack(static_cast<const T*>(p.x) + base, j);
+    if (p.delta != nullptr) {
+      const Pack<T, V> dp = load_pack(static_cast<const T*>(p.delta) + base, j);
+#pragma unroll
+      for (int k = 0; k < V; ++k) xp.v[k] = from_float<T>(to_float(xp.v[k]) + to_float(dp.v[k]));
+      store_pack(static_cast<T*>(p.h) + base, j, xp);
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      hv[it][k] = to_float(xp.v[k]);
+      sum += hv[it][k];
+    }
+  }
+  const float mean = block_sum_all(sum) * inv_width;
+  // Two passes over the registers: the variance of the centred values (no cancellation).
+  float ss = 0.f;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int j = it * blockDim.x + threadIdx.x;
+    if (j >= nvec) continue;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float c = hv[it][k] - mean;
+      ss += c * c;
+    }
+  }
+  const float rstd = rsqrtf(block_sum_all(ss) * inv_width + p.eps);
+  if (threadIdx.x == 0) {
+    p.mean[row] = mean;
+    p.rstd[row] = rstd;
+  }
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int j = it * blockDim.x + threadIdx.x;
+    if (j >= nvec) continue;
+    const Pack<float, 4>* w4 = reinterpret_cast<const Pack<float, 4>*>(p.weight + static_cast<int64_t>(j) * V);
+    const Pack<float, 4>* b4 = reinterpret_cast<const Pack<float, 4>*>(p.bias + static_cast<int64_t>(j) * V);
+    Pack<T, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      out.v[k] = from_float<T>((hv[it][k] - mean) * rstd * w4[k / 4].v[k % 4] + b4[k / 4].v[k % 4]);
+    }
+    store_pack(static_cast<T*>(p.y) + base, j, out);
+  }
+}
+
+template <typename T, int ITERS>
+__global__ void __launch_bounds__(kMaxThreads) layer_norm_bwd_kernel(const LayerNormBwdParams p) {
+  constexpr int V = kVec<T>;
+  const int nvec = static_cast<int>(p.width / V);
+  const float inv_width = 1.f / static_cast<float>(p.width);
+  float w[ITERS][V], acc_w[ITERS][V], acc_b[ITERS][V];
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int j = it * blockDim.x + threadIdx.x;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      w[it][k] = j < nvec ? p.weight[static_cast<int64_t>(j) * V + k] : 0.f;
+      acc_w[it][k] = acc_b[it][k] = 0.f;
+    }
+  }
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const float mean = p.mean[row], rstd = p.rstd[row];
+    const int64_t base = row * p.width;
+    float n[ITERS][V], g[ITERS][V];
+    float sum_g = 0.f, dot = 0.f;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int j = it * blockDim.x + threadIdx.x;
+      if (j >= nvec) continue;
+      const Pack<T, V> hp = load_pack(static_cast<const T*>(p.h) + base, j);
+      const Pack<T, V> gp = load_pack(static_cast<const T*>(p.grad_y) + base, j);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        n[it][k] = (to_float(hp.v[k]) - mean) * rstd;
+        const float gy = to_float(gp.v[k]);
+        g[it][k] = gy * w[it][k];
+        acc_w[it][k] += gy * n[it][k];
+        acc_b[it][k] += gy;
+        sum_g += g[it][k];
+        dot += g[it][k] * n[it][k];
+      }
+    }
+    sum_g = block_sum_all(sum_g) * inv_width;
+    dot = block_sum_all(dot) * inv_width;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int j = it * blockDim.x + threadIdx.x;
+      if (j >= nvec) continue;
+      float extra[V] = {};
+      if (p.grad_h != nullptr) {
+        const Pack<T, V> ghp = load_pack(static_cast<const T*>(p.grad_h) + base, j);
+#pragma unroll
+        for (int k = 0; k < V; ++k) extra[k] = to_float(ghp.v[k]);
+      }
+      Pack<T, V> out;
+#pragma unroll
+      for (int k = 0; k < V; ++k) out.v[k] = from_float<T>(rstd * (g[it][k] - sum_g - n[it][k] * dot) + extra[k]);
+      store_pack(static_cast<T*>(p.grad_x) + base, j, out);
+    }
+  }
+  float* partial = p.weight_partials + static_cast<int64_t>(blockIdx.x) * 2 * p.width;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int j = it * blockDim.x + threadIdx.x;
+    if (j >= nvec) continue;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      partial[static_cast<int64_t>(j) * V + k] = acc_w[it][k];
+      partial[p.width + static_cast<int64_t>(j) * V + k] = acc_b[it][k];
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------------ launchers
 
 template <typename T, typename Params, typename Launch>
@@ -375,7 +504,53 @@ void ada_bwd_typed(const AdaRmsNormBwdParams& p, cudaStream_t stream) {
   });
 }
 
+template <typename T>
+void ln_fwd_typed(const LayerNormFwdParams& p, cudaStream_t stream) {
+  dispatch_iters<T>(p, [&](auto iters, int threads) {
+    layer_norm_fwd_kernel<T, decltype(iters)::value><<<static_cast<unsigned>(p.rows), threads, 0, stream>>>(p);
+  });
+}
+template <typename T>
+void ln_bwd_typed(const LayerNormBwdParams& p, cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned>(layer_norm_bwd_blocks(p.rows));
+  dispatch_iters<T>(p, [&](auto iters, int threads) {
+    layer_norm_bwd_kernel<T, decltype(iters)::value><<<blocks, threads, 0, stream>>>(p);
+  });
+}
+
 }  // namespace
+
+bool layer_norm_supported(ActDtype dtype, int64_t width) {
+  return width_ok(dtype, width);
+}
+
+int64_t layer_norm_bwd_blocks(int64_t rows) {
+  return rms_norm_bwd_blocks(rows);
+}
+
+void launch_layer_norm_fwd(const LayerNormFwdParams& p, CUstream_st* stream) {
+  check_width("launch_layer_norm_fwd", p.dtype, p.width);
+  if (p.rows == 0) return;
+  NvtxRange range("vlatune::layer_norm_fwd");
+  if (p.dtype == ActDtype::kBf16) {
+    ln_fwd_typed<__nv_bfloat16>(p, stream);
+  } else {
+    ln_fwd_typed<float>(p, stream);
+  }
+  VLATUNE_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_layer_norm_bwd(const LayerNormBwdParams& p, CUstream_st* stream) {
+  check_width("launch_layer_norm_bwd", p.dtype, p.width);
+  if (p.rows == 0) return;
+  NvtxRange range("vlatune::layer_norm_bwd");
+  if (p.dtype == ActDtype::kBf16) {
+    ln_bwd_typed<__nv_bfloat16>(p, stream);
+  } else {
+    ln_bwd_typed<float>(p, stream);
+  }
+  VLATUNE_CUDA_CHECK(cudaGetLastError());
+}
 
 bool rms_norm_supported(ActDtype dtype, int64_t width) {
   return width_ok(dtype, width);

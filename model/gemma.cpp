@@ -1,5 +1,6 @@
 #include "model/gemma.h"
 
+#include "model/float8_linear.h"
 #include "model/recompute.h"
 #include "profiler/scope.h"
 
@@ -8,6 +9,15 @@ namespace vlatune::model {
 namespace {
 constexpr double kRmsEps = 1e-6;
 constexpr double kRopeBase = 10000.0;
+
+// One GEMM over Linears that read the same input: FP8 when any member is FP8 (the choice covers the merged GEMM),
+// else kernels::merged_linear.
+torch::Tensor merged_gemm(const torch::Tensor& x, std::initializer_list<const LinearImpl*> members) {
+  std::vector<torch::Tensor> weights;
+  for (const LinearImpl* l : members) weights.push_back(l->weight);
+  if (Float8State* fp8 = merged_fp8_state(members)) return float8_linear(x, weights, torch::Tensor(), *fp8);
+  return kernels::merged_linear(x, weights);
+}
 
 std::vector<torch::Tensor> concat(std::vector<torch::Tensor> a, const std::vector<torch::Tensor>& b) {
   a.insert(a.end(), b.begin(), b.end());
@@ -41,7 +51,8 @@ torch::Tensor GemmaMLPImpl::forward_fused(const torch::Tensor& x) {
     profiler::note_gemm({&gate_proj->fqn(), &up_proj->fqn()}, rows, x.size(-1), 2 * gate_proj->weight.size(0));
     profiler::note_gemm({&down_proj->fqn()}, rows, down_proj->weight.size(1), down_proj->weight.size(0));
   }
-  auto merged = kernels::merged_linear(x, {gate_proj->weight, up_proj->weight});  // [.., gate | up]
+  auto merged = merged_gemm(x, {gate_proj.get(), up_proj.get()});  // [.., gate | up]
+  if (down_proj->fp8) return float8_geglu_linear(merged, down_proj->weight, *down_proj->fp8, down_proj->fqn());
   return kernels::geglu_linear(merged, down_proj->weight, torch::Tensor(), down_proj->fqn());
 }
 
@@ -171,18 +182,20 @@ std::vector<torch::Tensor> joint_attention(GemmaDecoderLayerImpl& prefix, GemmaD
     }
     {
       profiler::Scope expert_scope(ae.fqn());
-      qkv_s = kernels::merged_linear(xs, {ae.q_proj->weight, ae.k_proj->weight, ae.v_proj->weight});
+      qkv_s = merged_gemm(xs, {ae.q_proj.get(), ae.k_proj.get(), ae.v_proj.get()});
     }
-    qkv_p = skip_prefix ? kernels::merged_linear(xp, {ap.k_proj->weight, ap.v_proj->weight})
-                        : kernels::merged_linear(xp, {ap.q_proj->weight, ap.k_proj->weight, ap.v_proj->weight});
+    qkv_p = skip_prefix ? merged_gemm(xp, {ap.k_proj.get(), ap.v_proj.get()})
+                        : merged_gemm(xp, {ap.q_proj.get(), ap.k_proj.get(), ap.v_proj.get()});
     auto qkv = kernels::rope_qkv(qkv_p, qkv_s, in.cos, in.sin, heads, kv_heads, /*prefix_q=*/!skip_prefix);
     if (skip_prefix) {
       auto o = attention_core(qkv.q, qkv.k, qkv.v, in.mask.narrow(2, p, s), in.attention);
       return {ae.o_proj(o.transpose(1, 2).reshape({batch, s, heads * d}))};
     }
-    auto o =
-        attention_core(qkv.q, qkv.k, qkv.v, in.mask, in.attention).transpose(1, 2).reshape({batch, p + s, heads * d});
-    return {ap.o_proj(o.narrow(1, 0, p)), ae.o_proj(o.narrow(1, p, s))};
+    // Split (not narrow) the positions: each branch's o_proj input is made contiguous by one copy (narrowing the
+    // reshaped output copied the prefix rows a second time), and the backward is one cat instead of two
+    // zero-filled slice gradients and their sum.
+    auto o = attention_core(qkv.q, qkv.k, qkv.v, in.mask, in.attention).transpose(1, 2).split_with_sizes({p, s}, 1);
+    return {ap.o_proj(o[0].reshape({batch, p, heads * d})), ae.o_proj(o[1].reshape({batch, s, heads * d}))};
   }
   // Concatenate along the sequence, prefix first (spec §3 step 3), then RoPE on the joint positions.
   auto k =
@@ -246,7 +259,7 @@ std::vector<torch::Tensor> joint_layer(GemmaDecoderLayerImpl& prefix, GemmaDecod
     profiler::Scope expert_scope(expert.fqn());
     NormOutput ns2;
     if (fused) {
-      ns2 = expert.residual_pre_ffn_norm_fused(hs, attn.back(), ns.gate, in.cond);
+      ns2 = expert.residual_pre_ffn_norm_fused(ns.h, attn.back(), ns.gate, in.cond);
       hs_out = ns2.h;
     } else {
       hs_out = hs + ns.gate * attn.back();
@@ -260,7 +273,8 @@ std::vector<torch::Tensor> joint_layer(GemmaDecoderLayerImpl& prefix, GemmaDecod
   torch::Tensor hp_out;
   NormOutput np2;
   if (fused) {
-    np2 = prefix.residual_pre_ffn_norm_fused(hp, attn[0], torch::Tensor(), torch::Tensor());
+    // np.h: hp through the pre-attention norm, whose backward kernel then adds this norm's gradient of hp.
+    np2 = prefix.residual_pre_ffn_norm_fused(np.h, attn[0], torch::Tensor(), torch::Tensor());
     hp_out = np2.h;
   } else {
     hp_out = hp + attn[0];

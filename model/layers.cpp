@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "model/float8_linear.h"
 #include "profiler/scope.h"
 
 namespace vlatune::model {
@@ -34,7 +35,14 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias, torch::TensorOpt
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   profiler::Scope scope(fqn());
   if (profiler::scopes_enabled()) profiler::note_gemm({&fqn()}, x.numel() / x.size(-1), weight.size(1), weight.size(0));
+  if (fp8) return float8_linear(x, {weight}, bias, *fp8);
   return at::linear(x, as_dtype_of(weight, x), bias.defined() ? as_dtype_of(bias, x) : torch::Tensor());
+}
+
+Float8State* merged_fp8_state(std::initializer_list<const LinearImpl*> members) {
+  for (const LinearImpl* l : members)
+    if (l->fp8) return l->fp8.get();
+  return nullptr;
 }
 
 LayerNormImpl::LayerNormImpl(int64_t dim, double eps_, torch::TensorOptions options) : eps(eps_) {
@@ -45,6 +53,11 @@ LayerNormImpl::LayerNormImpl(int64_t dim, double eps_, torch::TensorOptions opti
 torch::Tensor LayerNormImpl::forward(const torch::Tensor& x) {
   profiler::Scope scope(fqn());
   return at::layer_norm(x, {x.size(-1)}, as_dtype_of(weight, x), as_dtype_of(bias, x), eps);
+}
+
+kernels::NormOutputs LayerNormImpl::forward_fused(const torch::Tensor& x, const torch::Tensor& delta) {
+  profiler::Scope scope(fqn());
+  return kernels::layer_norm_residual(x, delta, weight, bias, eps);
 }
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps_, torch::TensorOptions options) : eps(eps_) {

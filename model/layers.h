@@ -14,6 +14,8 @@
 
 namespace vlatune::model {
 
+struct Float8State;  // model/float8_linear.h
+
 // fp64 stays fp64 (exactness tests); every other dtype does its statistics in fp32.
 c10::ScalarType math_dtype(c10::ScalarType compute);
 
@@ -30,20 +32,27 @@ class ScopedModule : public torch::nn::Module {
 // Gives every ScopedModule below `root` its dotted name relative to root (root itself keeps its own).
 void assign_fqns(torch::nn::Module& root);
 
-// y = x W^T (+ b). Weight [out, in] as nn.Linear; cast to the input's dtype when they differ.
+// y = x W^T (+ b). Weight [out, in] as nn.Linear; cast to the input's dtype when they differ. With `fp8` set
+// (Pi05Impl::set_fp8) the GEMMs run in FP8 (model/float8_linear.h).
 class LinearImpl : public ScopedModule {
  public:
   LinearImpl(int64_t in, int64_t out, bool bias, torch::TensorOptions options);
   torch::Tensor forward(const torch::Tensor& x);
-  torch::Tensor weight, bias;  // bias undefined when built without one
+  torch::Tensor weight, bias;        // bias undefined when built without one
+  std::shared_ptr<Float8State> fp8;  // null: bf16 (the compute dtype)
 };
 TORCH_MODULE(Linear);
+
+// The FP8 state of a merged GEMM over these Linears: the first member's that has one, else null (bf16).
+Float8State* merged_fp8_state(std::initializer_list<const LinearImpl*> members);
 
 // LayerNorm over the last dim (SigLIP, eps 1e-6). Statistics accumulate in fp32 inside ATen for bf16 inputs.
 class LayerNormImpl : public ScopedModule {
  public:
   LayerNormImpl(int64_t dim, double eps, torch::TensorOptions options);
   torch::Tensor forward(const torch::Tensor& x);
+  // Fused path (kernels::layer_norm_residual): h = x + delta (delta may be undefined: h = x), y = norm(h).
+  kernels::NormOutputs forward_fused(const torch::Tensor& x, const torch::Tensor& delta);
   torch::Tensor weight, bias;
   double eps;
 };

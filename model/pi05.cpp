@@ -1,7 +1,10 @@
 #include "model/pi05.h"
 
+#include <optional>
+
 #include <cmath>
 #include <map>
+#include <set>
 #include <stdexcept>
 
 #include "model/recompute.h"
@@ -269,12 +272,20 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
   torch::Tensor pmask = at::cat(prefix_valid, 1);
 
   // 3. Suffix and time condition (flow matching, spec §7.1: x_t = t*noise + (1-t)*actions, u = noise - actions).
+  // Inputs derived from the batch (flow-matching mix, time embedding, mask, positions, RoPE tables) are
+  // attributed to the pseudo-module "<inputs>"; the Linears in between keep their own scopes.
+  static const std::string inputs_scope_name = profiler::kInputsScope;
+  std::optional<profiler::Scope> inputs_scope(std::in_place, inputs_scope_name);
   auto t = batch.time.to(md).view({b, 1, 1});
   auto noise = batch.noise.to(md), actions = batch.actions.to(md);
   auto x_t = t * noise + (1.0 - t) * actions;
   auto target = noise - actions;
-  torch::Tensor hs = action_in_proj(x_t.to(compute));
+  auto x_t_compute = x_t.to(compute);
+  inputs_scope.reset();
+  torch::Tensor hs = action_in_proj(x_t_compute);
+  inputs_scope.emplace(inputs_scope_name);
   auto temb = time_embedding(batch.time.to(md), cfg_.expert.width).to(compute);
+  inputs_scope.reset();
   JointInputs joint;
   joint.fused = fused;
   joint.cond = torch::silu(time_mlp_out(torch::silu(time_mlp_in(temb))));
@@ -283,6 +294,7 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
   // 4. Mask and positions over N = P + S: i attends j iff block(j) <= block(i) and valid(j) (prefix block 0,
   // suffix block 1), or i == j (keeps fully padded query rows finite; exact for valid rows).
   const int64_t p = hp.size(1), s = hs.size(1), n = p + s;
+  inputs_scope.emplace(inputs_scope_name);
   auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(device);
   auto valid = at::cat({pmask, torch::ones({b, s}, torch::TensorOptions().dtype(torch::kBool).device(device))}, 1);
   auto block = at::cat({torch::zeros({p}, long_opts), torch::ones({s}, long_opts)});
@@ -291,6 +303,7 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
   joint.mask = ((allowed.unsqueeze(0) & valid.unsqueeze(1)) | eye).unsqueeze(1);
   auto positions = valid.to(torch::kLong).cumsum(1) - 1;
   std::tie(joint.cos, joint.sin) = rope_tables(positions, cfg_.backbone.head_dim, md);
+  inputs_scope.reset();
 
   // 5. Joint layers.
   Output out;
@@ -390,6 +403,59 @@ int64_t count_parameters(const torch::nn::Module& module) {
   int64_t total = 0;
   for (const auto& p : module.parameters(/*recurse=*/true)) total += p.numel();
   return total;
+}
+
+void Pi05Impl::set_fp8(const std::vector<std::string>& fqns, const Fp8Config& config) {
+  std::map<std::string, LinearImpl*> linears;
+  std::vector<std::string> order;
+  for (const auto& item : named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
+    if (auto* l = dynamic_cast<LinearImpl*>(item.value().get())) {
+      linears.emplace(item.key(), l);
+      order.push_back(item.key());
+    }
+  }
+  // Decoder q/k/v and gate/up run as merged GEMMs: a choice for one member covers its siblings.
+  auto siblings = [](const std::string& fqn) -> std::vector<std::string> {
+    const auto dot = fqn.rfind('.');
+    const std::string parent = fqn.substr(0, dot + 1), leaf = fqn.substr(dot + 1);
+    const bool decoder = fqn.find(".language_model.layers.") != std::string::npos ||
+                         fqn.find(".gemma_expert.model.layers.") != std::string::npos;
+    if (!decoder) return {fqn};
+    if (leaf == "q_proj" || leaf == "k_proj" || leaf == "v_proj")
+      return {parent + "q_proj", parent + "k_proj", parent + "v_proj"};
+    if (leaf == "gate_proj" || leaf == "up_proj") return {parent + "gate_proj", parent + "up_proj"};
+    return {fqn};
+  };
+  std::set<std::string> chosen;
+  for (const std::string& fqn : fqns) {
+    auto it = linears.find(fqn);
+    if (it == linears.end())
+      throw std::invalid_argument("set_fp8: '" + fqn +
+                                  "' is not a Linear module of the model (FP8 applies to Linears)");
+    const auto leaf = fqn.substr(fqn.rfind('.') + 1);
+    if (fqn.find(".vision_tower.") != std::string::npos &&
+        (leaf == "q_proj" || leaf == "k_proj" || leaf == "v_proj" || leaf == "fc2"))
+      throw std::invalid_argument("set_fp8: '" + fqn +
+                                  "': the SigLIP q/k/v projections (one merged GEMM) and fc2 (fused with the GELU) "
+                                  "have no FP8 form yet; of the vision tower, out_proj and fc1 can run in FP8");
+    for (const std::string& member : siblings(fqn)) {
+      const LinearImpl& l = *linears.at(member);
+      const std::string problem = float8_shape_problem(l.weight.size(1), l.weight.size(0));
+      if (!problem.empty()) throw std::invalid_argument("set_fp8: '" + member + "': " + problem);
+      chosen.insert(member);
+    }
+  }
+  for (const auto& [fqn, l] : linears) {
+    l->fp8 = chosen.count(fqn) != 0 ? std::make_shared<Float8State>() : nullptr;
+    if (l->fp8) l->fp8->config = config;
+  }
+  fp8_fqns_.clear();
+  for (const std::string& fqn : order)
+    if (chosen.count(fqn) != 0) fp8_fqns_.push_back(fqn);
+}
+
+std::vector<std::string> Pi05Impl::fp8_selection() const {
+  return fp8_fqns_;
 }
 
 }  // namespace vlatune::model

@@ -10,6 +10,7 @@
 
 #include "model/batch.h"
 #include "model/config.h"
+#include "model/float8_linear.h"
 #include "model/gemma.h"
 #include "model/layers.h"
 #include "model/siglip.h"
@@ -81,6 +82,16 @@ class Pi05Impl : public ScopedModule {
   std::vector<std::string> recomputable_fqns() const;
   const std::vector<std::string>& recompute_selection() const { return recompute_fqns_; }
 
+  // FP8 GEMMs (model/float8_linear.h) for exact Linear FQNs (patterns are resolved by the caller); replaces the
+  // previous selection, every selected Linear getting fresh state (amax histories). Merged GEMMs: selecting any of
+  // a decoder layer's q_proj/k_proj/v_proj selects all three, gate_proj/up_proj both (the merged GEMM runs in
+  // FP8 on the fused path; the selection is the same Linears on the reference path). Throws
+  // std::invalid_argument naming an FQN that is not a Linear, a Linear whose in/out features are not multiples of
+  // 16, or a SigLIP q/k/v projection or fc2 (fused ops without an FP8 form yet).
+  void set_fp8(const std::vector<std::string>& fqns, const Fp8Config& config = {});
+  // The FP8 Linears (merged members included), in module order.
+  std::vector<std::string> fp8_selection() const;
+
   // Parameters that got no gradient (the dead last-layer prefix work, unused rows...) get zero gradients, so
   // optimizers and gradient all-reduce see every parameter.
   void fill_missing_grads();
@@ -103,6 +114,7 @@ class Pi05Impl : public ScopedModule {
   Pi05Config cfg_;
   RecomputeSet recompute_;
   std::vector<std::string> recompute_fqns_;
+  std::vector<std::string> fp8_fqns_;
 };
 TORCH_MODULE(Pi05);
 

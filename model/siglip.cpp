@@ -25,8 +25,10 @@ torch::Tensor SiglipAttentionImpl::forward(const torch::Tensor& x, Attention mod
       profiler::note_gemm({&q_proj->fqn(), &k_proj->fqn(), &v_proj->fqn()}, x.numel() / width, width, 3 * width);
     auto qkv = kernels::merged_linear(x, {q_proj->weight, k_proj->weight, v_proj->weight},
                                       {q_proj->bias, k_proj->bias, v_proj->bias});  // [n, t, q | k | v]
-    auto o = attention_core(split(qkv.narrow(-1, 0, width)), split(qkv.narrow(-1, width, width)),
-                            split(qkv.narrow(-1, 2 * width, width)), torch::Tensor(), mode);
+    // Strided [n, heads, t, d] views of the merged output, read in place by SDPA (no copy for the layout); their
+    // backward is one stack into the merged layout (narrow views cost a zero-filled [n, t, 3 * width] each).
+    auto heads_qkv = kernels::split_qkv_heads(qkv, heads);
+    auto o = attention_core(heads_qkv.q, heads_qkv.k, heads_qkv.v, torch::Tensor(), mode);
     return out_proj(o.transpose(1, 2).reshape({n, t, width}));
   }
   auto o = attention_core(split(q_proj(x)), split(k_proj(x)), split(v_proj(x)), torch::Tensor(), mode);
@@ -43,6 +45,16 @@ torch::Tensor SiglipMLPImpl::forward(const torch::Tensor& x) {
   return fc2(gelu_tanh(fc1(x)));
 }
 
+torch::Tensor SiglipMLPImpl::forward_fused(const torch::Tensor& x) {
+  profiler::Scope scope(fqn());
+  auto pre = fc1(x);                         // the GEMM adds the bias (cuBLAS epilogue)
+  if (fc2->fp8) return fc2(gelu_tanh(pre));  // an FP8 fc2 (Pi05Impl::set_fp8) runs its own GEMM
+  if (profiler::scopes_enabled())
+    profiler::note_gemm({&fc2->fqn()}, pre.numel() / pre.size(-1), fc2->weight.size(1), fc2->weight.size(0));
+  // GELU kernel, then fc2 in its own scope; backward saves only `pre` (the GELU output is rebuilt).
+  return kernels::gelu_linear(pre, fc2->weight, fc2->bias, fc2->fqn());
+}
+
 SiglipEncoderLayerImpl::SiglipEncoderLayerImpl(const VisionConfig& cfg, torch::TensorOptions options) {
   self_attn = register_module("self_attn", SiglipAttention(cfg, options));
   layer_norm1 = register_module("layer_norm1", LayerNorm(cfg.width, kLayerNormEps, options));
@@ -52,6 +64,15 @@ SiglipEncoderLayerImpl::SiglipEncoderLayerImpl(const VisionConfig& cfg, torch::T
 
 torch::Tensor SiglipEncoderLayerImpl::forward(const torch::Tensor& x, Attention mode, bool fused) {
   profiler::Scope scope(fqn());
+  if (fused) {
+    // The attention residual runs inside layer_norm2's kernel (attributed to layer_norm2); the MLP residual stays
+    // an ATen add (fusing it into the next layer's layer_norm1 would cross the layer's recompute boundary).
+    auto n1 = layer_norm1->forward_fused(x, torch::Tensor());
+    auto attn = self_attn->forward(n1.y, mode, true);
+    // n1.h: x as seen through layer_norm1, whose backward kernel then adds layer_norm2's gradient of x.
+    auto n2 = layer_norm2->forward_fused(n1.h, attn);
+    return n2.h + mlp->forward_fused(n2.y);
+  }
   auto h = x + self_attn->forward(layer_norm1(x), mode, fused);
   return h + mlp(layer_norm2(h));
 }
@@ -93,6 +114,10 @@ torch::Tensor SiglipVisionTowerImpl::forward(const torch::Tensor& pixels, c10::S
   auto& vm = *vision_model;
   profiler::Scope model_scope(vm.fqn());
   auto x = vm.embeddings->forward(pixels, compute);
+  // Fused: row-major tokens. The embeddings keep the conv's transposed layout ([n, width, tokens] in memory), which
+  // the reference path carries through every residual add of the encoder: each LayerNorm copies its input (forward
+  // and backward) and the adds run on mixed strides. Same values; the kernels need rows anyway.
+  if (fused) x = x.contiguous();
   {
     profiler::Scope encoder_scope(vm.encoder->fqn());
     auto& layers = vm.encoder->layers;
@@ -110,7 +135,7 @@ torch::Tensor SiglipVisionTowerImpl::forward(const torch::Tensor& pixels, c10::S
       }
     }
   }
-  return vm.post_layernorm(x);
+  return fused ? vm.post_layernorm->forward_fused(x, torch::Tensor()).y : vm.post_layernorm(x);
 }
 
 }  // namespace vlatune::model

@@ -24,11 +24,14 @@ class SiglipMLPImpl : public ScopedModule {
  public:
   SiglipMLPImpl(const VisionConfig& cfg, torch::TensorOptions options);
   torch::Tensor forward(const torch::Tensor& x);  // fc2(gelu_tanh(fc1(x)))
+  // The same with the GELU kernel and fc2 as one autograd node (kernels::gelu_linear) that saves fc1's output only.
+  torch::Tensor forward_fused(const torch::Tensor& x);
   Linear fc1{nullptr}, fc2{nullptr};
 };
 TORCH_MODULE(SiglipMLP);
 
-// Pre-LN block: x += attn(ln1(x)); x += mlp(ln2(x)).
+// Pre-LN block: x += attn(ln1(x)); x += mlp(ln2(x)). fused: LayerNorm kernels (the attention residual inside
+// layer_norm2's), q/k/v as one GEMM read by SDPA as strided views, the GELU kernel with fc2 (gelu_linear).
 class SiglipEncoderLayerImpl : public ScopedModule {
  public:
   SiglipEncoderLayerImpl(const VisionConfig& cfg, torch::TensorOptions options);
@@ -69,7 +72,8 @@ class SiglipVisionTransformerImpl : public ScopedModule {
 TORCH_MODULE(SiglipVisionTransformer);
 
 // "vision_tower": pixels [n, 3, image, image] (any float dtype) -> features [n, tokens, width] in `compute`.
-// recompute_layers[i] checkpoints encoder layer i (empty = none). fused: merged q/k/v GEMMs (JointInputs::fused).
+// recompute_layers[i] checkpoints encoder layer i (empty = none). fused: the fused encoder layers and
+// post_layernorm (JointInputs::fused).
 class SiglipVisionTowerImpl : public ScopedModule {
  public:
   SiglipVisionTowerImpl(const VisionConfig& cfg, torch::TensorOptions options);

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include "kernels/fp8_ops.h"
+
 #include <algorithm>
 #include <stdexcept>
 #include <vector>
@@ -73,13 +75,22 @@ GemmTiming time_gemm(int64_t m, int64_t k, int64_t n, int repetitions) {
     f.grad_weight_ms =
         time_cold(flush, repetitions, [&] { at::_scaled_mm(gt, xt.t(), gs, xs, {}, {}, at::kBFloat16); });
     t.fp8 = f;
+    // The casts as the trainer's FP8 Linear runs them (model/float8_linear.h, delayed scaling): x and dy in one
+    // fused pass each (row-major + transposed copy, scale from the amax history, this amax recorded); the weight:
+    // an amax pass + the row-major cast (forward) and the transposed cast with that amax (backward).
+    const auto f32 = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+    at::Tensor history = at::full({16}, 4.0f, f32), w_amax = at::zeros({1}, f32), inv = at::empty({}, f32);
+    at::Tensor x_rm = at::empty_like(xq), x_t = at::empty_like(xt), w_rm = at::empty_like(wq), w_t = at::empty_like(wt);
+    at::Tensor g_rm = at::empty_like(gq), g_t = at::empty_like(gt);
     t.quant_ms = time_cold(flush, repetitions, [&] {
-      auto a = quantize(x, at::kFloat8_e4m3fn, kE4m3Max);
-      auto b = quantize(w, at::kFloat8_e4m3fn, kE4m3Max);
-      auto c = quantize(dy, at::kFloat8_e5m2, kE5m2Max);
-      (void)b.first.t().contiguous();
-      (void)c.first.t().contiguous();
-      (void)a.first.t().contiguous();
+      kernels::Fp8QuantOutputs ox{x_rm, x_t, history.narrow(0, 0, 1), inv, {}};
+      kernels::fp8_quantize_into(x, kernels::Fp8Format::kE4m3, history, 0, ox);
+      w_amax.zero_();
+      kernels::fp8_amax_into(w, w_amax);
+      kernels::fp8_quantize_into(w, kernels::Fp8Format::kE4m3, w_amax, -1, {w_rm, {}, {}, inv, {}});
+      kernels::fp8_quantize_into(w, kernels::Fp8Format::kE4m3, w_amax, -1, {{}, w_t, {}, inv, {}});
+      kernels::Fp8QuantOutputs og{g_rm, g_t, history.narrow(0, 1, 1), inv, {}};
+      kernels::fp8_quantize_into(dy, kernels::Fp8Format::kE5m2, history, 1, og);
     });
   }
   return t;

@@ -49,6 +49,7 @@ inline constexpr const char* kOptimizerScope = "<optimizer>";
 inline constexpr const char* kLossScope = "<loss>";
 inline constexpr const char* kDataScope = "<data>";
 inline constexpr const char* kCommScope = "<comm>";
+inline constexpr const char* kInputsScope = "<inputs>";  // masks, positions, RoPE tables, time embedding
 
 namespace detail {
 inline std::atomic<ScopeSink*>& active_sink() {

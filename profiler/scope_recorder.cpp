@@ -24,6 +24,12 @@ struct OpenScope {
   Phase phase;
 };
 thread_local std::vector<OpenScope> t_open;
+// After a backward node returns, the engine still launches work for it on the same thread: it reduces the
+// node's gradients to their inputs' shapes (validate_outputs) and adds them into the next nodes' input buffers.
+// That work belongs to the node that produced the gradients, so its instance stays pushed as the thread's
+// external id ("trailing") until the next scope opens there.
+thread_local uint64_t t_trailing = 0;
+thread_local const void* t_trailing_owner = nullptr;
 
 uint32_t thread_number() {
   static std::atomic<uint32_t> next{1};
@@ -107,6 +113,10 @@ uint64_t ScopeRecorder::open(int32_t fqn, Phase phase, uint64_t forward_of, cons
   r.forward_of = forward_of;
   r.begin_ns = tracer_ != nullptr ? tracer_->now_ns() : host_ns();
   if (allocated_bytes_ && is_forward(phase)) r.allocated_begin = allocated_bytes_();
+  if (t_trailing != 0) {
+    if (tracer_ != nullptr && t_trailing_owner == this) tracer_->pop_external_id();
+    t_trailing = 0;
+  }
   const uint64_t parent_on_thread = t_open.empty() ? 0 : t_open.back().id;
   const uint64_t seq = at::sequence_number::peek();
   const uint64_t rf_thread = at::RecordFunction::currentThreadId();
@@ -165,6 +175,11 @@ void ScopeRecorder::pop() {
   if (nvtx_) nvtxRangePop();
 #endif
   if (tracer_ != nullptr) tracer_->pop_external_id();
+  if (closing.phase == Phase::kBackward && t_open.empty() && tracer_ != nullptr) {
+    tracer_->push_external_id(closing.id);
+    t_trailing = closing.id;
+    t_trailing_owner = this;
+  }
   const uint64_t end = tracer_ != nullptr ? tracer_->now_ns() : host_ns();
   const int64_t allocated = allocated_bytes_ && is_forward(closing.phase) ? allocated_bytes_() : -1;
   const uint64_t seq = at::sequence_number::peek();

@@ -12,7 +12,8 @@ constexpr const char* kStyle =
     R"(body{font-family:sans-serif;margin:24px auto;max-width:1000px;color:#222;background:#fff}
 h1{font-size:22px;margin-bottom:4px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd;padding-bottom:3px}
 p.intro{color:#555;margin:2px 0}nav{margin:12px 0;font-size:13px}nav a{margin-right:12px;color:#36c}
-table{border-collapse:collapse;font-size:12px;margin:8px 0}th,td{border:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
+table{border-collapse:collapse;font-size:12px;margin:8px 0}th,td{border:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top}
+td:not(.num){overflow-wrap:anywhere}td.num{white-space:nowrap}
 th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums}svg.chart{display:block;margin:8px 0}
 p.note{color:#666;font-size:12px})";
 

@@ -12,6 +12,7 @@ venv="${VLATUNE_VENV:-$HOME/.cache/vlatune/venv-torch-$torch_version}"
 debs=(build-essential cmake ninja-build ccache git pkg-config python3-venv
       nlohmann-json3-dev libcli11-dev catch2 libbenchmark-dev
       libhdf5-dev libsentencepiece-dev sentencepiece zlib1g-dev
+      libgloo-dev  # Gloo's headers: the CPU process group of the data-parallel tests (trainer/distributed.h)
       chromium)  # chromium: headless screenshot test of `vlatune report`'s HTML (tests/core)
 missing=()
 for p in "${debs[@]}"; do

@@ -19,12 +19,14 @@
 namespace vlatune::trainer {
 
 struct LoaderOptions {
-  int workers = 4;         // host threads reading records and filling batches
-  int prefetch = 4;        // batches assembled ahead of the consumer (the bounded queue's depth)
-  int64_t slots = 3;       // camera slots per batch: dataset cameras first, the rest masked (-1), spec §5.1
-  bool augment = false;    // spec §10 training augmentation (openpi PyTorch variant); off by default
-  int64_t horizon = 0;     // 0: the dataset's horizon; smaller: the first `horizon` steps of each stored chunk
-  bool pin_memory = true;  // page-locked host batches when the device is CUDA (async copies)
+  int workers = 4;          // host threads reading records and filling batches
+  int prefetch = 4;         // batches assembled ahead of the consumer (the bounded queue's depth)
+  int64_t slots = 3;        // camera slots per batch: dataset cameras first, the rest masked (-1), spec §5.1
+  bool augment = false;     // spec §10 training augmentation (openpi PyTorch variant); off by default
+  int64_t horizon = 0;      // 0: the dataset's horizon; smaller: the first `horizon` steps of each stored chunk
+  bool pin_memory = true;   // page-locked host batches when the device is CUDA (async copies)
+  int64_t step_stride = 1;  // the caller reads steps s, s + stride, ... (data-parallel: the world size); prefetch
+                            // follows that sequence
   // `--data synthetic` only (a dataset carries its own):
   int64_t synthetic_cameras = 2;
   int64_t synthetic_text_len = 200;

@@ -115,9 +115,12 @@ void DatasetLoader::worker_loop() {
     uint64_t generation;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      work_cv_.wait(lock, [&] { return stop_ || (!free_.empty() && next_claim_ < consume_step_ + options_.prefetch); });
+      const int64_t stride = options_.step_stride;  // data-parallel ranks read every world_size-th step
+      work_cv_.wait(
+          lock, [&] { return stop_ || (!free_.empty() && next_claim_ < consume_step_ + options_.prefetch * stride); });
       if (stop_) return;
-      step = next_claim_++;
+      step = next_claim_;
+      next_claim_ += stride;
       slot_index = free_.front();
       free_.pop_front();
       generation = generation_;
@@ -162,7 +165,7 @@ model::Pi05Batch DatasetLoader::next(int64_t step, double* wait_ms) {
     ready_cv_.wait(lock, [&] { return ready_.count(step) > 0; });
     slot_index = ready_[step];
     ready_.erase(step);
-    consume_step_ = step + 1;
+    consume_step_ = step + options_.step_stride;
   }
   work_cv_.notify_all();
   if (wait_ms != nullptr) *wait_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();

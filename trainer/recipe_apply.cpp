@@ -13,7 +13,16 @@ std::vector<std::string> module_fqns(const torch::nn::Module& model) {
   return out;
 }
 
-AppliedRecipe apply_recipe(const formats::Recipe& recipe, const std::string& file, model::Pi05Impl& model) {
+namespace {
+// `inner` is `outer` or lies inside it (segment-wise prefix).
+bool fqn_nested(const std::string& inner, const std::string& outer) {
+  return inner == outer ||
+         (inner.size() > outer.size() && inner.compare(0, outer.size(), outer) == 0 && inner[outer.size()] == '.');
+}
+}  // namespace
+
+AppliedRecipe apply_recipe(const formats::Recipe& recipe, const std::string& file, model::Pi05Impl& model,
+                           int world_size) {
   AppliedRecipe out;
   // 1. Data: exact shortcuts on the batch.
   out.num_images = recipe.data.num_images;
@@ -36,18 +45,52 @@ AppliedRecipe apply_recipe(const formats::Recipe& recipe, const std::string& fil
     throw formats::FormatError(file, "$.recompute.modules", e.what());
   }
 
-  // 4. Features that do not exist yet: refuse rather than silently ignore.
-  if (!recipe.fp8.modules.empty())
-    throw formats::FormatError(file, "$.fp8.modules",
-                               "FP8 Linears are not available in this version of the trainer (they arrive with the "
-                               "FP8 issue); leave the list empty");
-  if (!recipe.groups.empty())
-    throw formats::FormatError(file, "$.groups",
-                               "execution/communication groups are not available in this version of the trainer; "
-                               "leave the list empty (the default grouping)");
-  if (recipe.distributed.world_size != 1)
-    throw formats::FormatError(file, "$.distributed.world_size",
-                               "multi-GPU training is not available in this version of the trainer; use 1");
+  // 4. FP8: patterns -> FQNs (errors: no match, nesting) -> the model (errors: not a Linear, shapes not % 16).
+  {
+    const auto fqns = formats::resolve_patterns(recipe.fp8.modules, module_fqns(model), file, "$.fp8.modules");
+    model::Fp8Config config;
+    config.scaling =
+        recipe.fp8.scaling == formats::Fp8Scaling::kDelayed ? model::Fp8Scaling::kDelayed : model::Fp8Scaling::kCurrent;
+    try {
+      model.set_fp8(fqns, config);
+    } catch (const std::invalid_argument& e) {
+      throw formats::FormatError(file, "$.fp8.modules", e.what());
+    }
+    out.fp8 = model.fp8_selection();
+  }
+
+  // 5. Groups (gradient buckets; CUDA-graph capture is not available yet) and distributed settings.
+  const std::vector<std::string> fqns = module_fqns(model);
+  for (size_t i = 0; i < recipe.groups.size(); ++i) {
+    const formats::Recipe::Group& group = recipe.groups[i];
+    const std::string path = "$.groups[" + std::to_string(i) + "]";
+    if (group.cuda_graph)
+      throw formats::FormatError(file, path + ".cuda_graph",
+                                 "CUDA-graph capture of a group is not available in this version of the trainer; "
+                                 "use false");
+    AppliedRecipe::AppliedGroup applied{group.name,
+                                        formats::resolve_patterns(group.modules, fqns, file, path + ".modules")};
+    for (const std::string& fqn : applied.modules) {
+      for (const AppliedRecipe::AppliedGroup& other : out.groups) {
+        for (const std::string& taken : other.modules) {
+          if (fqn_nested(fqn, taken) || fqn_nested(taken, fqn))
+            throw formats::FormatError(file, path + ".modules",
+                                       "module " + fqn + " overlaps " + taken + " of group '" + other.name +
+                                           "': a module belongs to one group");
+        }
+      }
+    }
+    out.groups.push_back(std::move(applied));
+  }
+  if (recipe.distributed.world_size != 1 && recipe.distributed.world_size != world_size)
+    throw formats::FormatError(
+        file, "$.distributed.world_size",
+        "the recipe is for " + std::to_string(recipe.distributed.world_size) + " processes but this run has " +
+            std::to_string(world_size) + " (launch it with `vlatune launch --nproc " +
+            std::to_string(recipe.distributed.world_size) + " -- train ...` or torchrun, or set world_size to " +
+            std::to_string(world_size) + ")");
+  out.world_size = world_size;
+  out.reduce_dtype = formats::to_string(recipe.distributed.reduce_dtype);
   return out;
 }
 

@@ -24,6 +24,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/data_source.h"
 #include "trainer/dataset.h"
+#include "trainer/distributed.h"
 #include "trainer/ema.h"
 #include "trainer/environment.h"
 #include "trainer/file_util.h"
@@ -128,6 +129,9 @@ TrainOptions options_from_json(const nlohmann::json& j, const TrainOptions& call
     o.max_consecutive_nonfinite = j.at("max_consecutive_nonfinite");
     o.workers = j.at("workers");
     o.augment = j.at("augment");
+    // Data-parallel settings (absent in runs written before them: the defaults).
+    o.dist_buckets = j.value("dist_buckets", caller.dist_buckets);
+    if (j.contains("reduce_dtype")) o.reduce_dtype = j.at("reduce_dtype").get<std::string>();
     return o;
   } catch (const nlohmann::json::exception& e) {
     throw formats::FormatError(file, "$", std::string("not a train_config written by vlatune: ") + e.what());
@@ -156,7 +160,21 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-TrainSummary run_training(const TrainOptions& caller_options, std::ostream& log) {
+TrainSummary run_training(const TrainOptions& caller_options, std::ostream& caller_log) {
+  // ---- 0. One process, or a rank of a data-parallel job (trainer/distributed.h): rank 0 alone writes the run
+  // directory and logs; the other ranks log nothing but errors. ----
+  std::optional<DistEnv> dist_env;
+  try {
+    dist_env = dist_env_from_process();
+  } catch (const std::invalid_argument& e) {
+    throw TrainInputError(std::string("distributed launch environment: ") + e.what());
+  }
+  const int world_size = dist_env ? dist_env->world_size : 1;
+  const int rank = dist_env ? dist_env->rank : 0;
+  const bool writer = rank == 0;
+  std::ostream null_log(nullptr);  // no buffer: output is discarded
+  std::ostream& log = writer ? caller_log : null_log;
+
   // ---- 1. Options: a new run, or the saved options of the run being resumed. ----
   TrainOptions opt = caller_options;
   const bool resuming = !caller_options.resume.empty();
@@ -166,7 +184,24 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& log)
   if (resuming) {
     if (!path_exists(config_path))
       throw TrainInputError("--resume " + run_dir + ": no train_config.json there (not a vlatune run directory)");
-    opt = options_from_json(formats::read_json_file(config_path), caller_options, config_path);
+    const nlohmann::json saved = formats::read_json_file(config_path);
+    opt = options_from_json(saved, caller_options, config_path);
+    // Another world size: the same per-process micro-batch, and as many micro-batches per process as keep the
+    // global batch (micro-batch x grad_accum x world size) and so the data order, schedule and numerics' scale.
+    const int saved_world = saved.value("world_size", 1);
+    if (saved_world != world_size) {
+      const int64_t micro_batches = *opt.grad_accum * saved_world;
+      if (micro_batches % world_size != 0)
+        throw TrainInputError("--resume " + run_dir + ": the run's global batch is " + std::to_string(micro_batches) +
+                              " micro-batches of " + std::to_string(*opt.batch) + " (grad_accum " +
+                              std::to_string(*opt.grad_accum) + " x " + std::to_string(saved_world) + " processes); " +
+                              std::to_string(world_size) +
+                              " processes cannot share them evenly: resume with a world size that divides " +
+                              std::to_string(micro_batches));
+      log << "resuming a " << saved_world << "-process run on " << world_size << ": grad_accum " << *opt.grad_accum
+          << " -> " << micro_batches / world_size << " (same global batch)\n";
+      opt.grad_accum = micro_batches / world_size;
+    }
   } else if (path_exists(join_path(run_dir, "train_config.json"))) {
     throw TrainInputError("--out " + run_dir + ": already holds a run; continue it with --resume " + run_dir +
                           " or choose another directory");
@@ -177,8 +212,26 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& log)
   const std::string recipe_label = opt.recipe_path.empty() ? std::string("<default recipe>") : opt.recipe_path;
   if (!opt.recipe_path.empty()) recipe = formats::read_recipe(opt.recipe_path);  // FormatError names the path
 
+  // Rendezvous and process group (after the option checks, which every rank makes alike).
+  std::shared_ptr<ProcessGroup> dist;
+  if (dist_env) {
+    if (!(opt.dist_timeout_s > 0)) throw TrainInputError("--dist-timeout must be > 0 seconds");
+    torch::Device device{torch::kCPU};
+    try {
+      device = bind_process_device(resolve_device("--device", opt.device), *dist_env);
+    } catch (const std::invalid_argument& e) {
+      throw TrainInputError(e.what());
+    }
+    if (device.is_cuda()) {
+      const std::string warning = set_nccl_environment();
+      if (!warning.empty()) log << "warning: " << warning << "\n";
+    }
+    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(opt.dist_timeout_s * 1000.0));
+    dist = ProcessGroup::create(*dist_env, device, timeout);
+  }
+
   // ---- 2-4. Model, recipe, data, optimizer (train_step.cpp); schedule and EMA. ----
-  TrainingParts parts = build_training_parts(opt, recipe, recipe_label, /*load_init_weights=*/!resuming, log);
+  TrainingParts parts = build_training_parts(opt, recipe, recipe_label, /*load_init_weights=*/!resuming, log, dist);
   const torch::Device device = parts.device;
   const bool cuda = device.is_cuda();
   const int64_t batch = parts.batch, grad_accum = parts.grad_accum;
@@ -201,7 +254,7 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& log)
   int64_t first_step = 0;
   std::vector<double> timing_step_ms, timing_loss, timing_grad_norm;
   int64_t skipped_total = 0;
-  make_directories(run_dir);
+  if (writer) make_directories(run_dir);
   if (resuming) {
     auto latest = latest_checkpoint(run_dir);
     if (!latest) throw TrainInputError("--resume " + run_dir + ": no checkpoint to resume from");
@@ -215,20 +268,42 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& log)
       throw TrainInputError("--resume " + run_dir + ": the data differs from the run's (" + source->describe() + ")");
     log << "resumed " << run_dir << " from " << *latest << " at step " << first_step << "\n";
   }
-  formats::write_file_atomic(config_path,
-                             options_to_json(opt, batch, grad_accum, precision, *opt.steps).dump(2) + "\n");
-  if (!opt.recipe_path.empty()) formats::write_recipe(recipe, join_path(run_dir, "recipe.json"));
-  formats::MetricsWriter metrics =
-      resuming ? formats::MetricsWriter::resume(join_path(run_dir, "metrics.jsonl"), first_step - 1)
-               : formats::MetricsWriter::create(join_path(run_dir, "metrics.jsonl"));
+  // Every rank has passed its checks and read the checkpoint before rank 0 writes anything.
+  if (dist) dist->barrier("start-up barrier");
+  std::optional<formats::MetricsWriter> metrics;
+  if (writer) {
+    nlohmann::json config_json = options_to_json(opt, batch, grad_accum, precision, *opt.steps);
+    config_json["world_size"] = world_size;
+    config_json["dist_buckets"] = opt.dist_buckets;
+    if (opt.reduce_dtype) config_json["reduce_dtype"] = *opt.reduce_dtype;
+    formats::write_file_atomic(config_path, config_json.dump(2) + "\n");
+    if (!opt.recipe_path.empty()) formats::write_recipe(recipe, join_path(run_dir, "recipe.json"));
+    metrics.emplace(resuming ? formats::MetricsWriter::resume(join_path(run_dir, "metrics.jsonl"), first_step - 1)
+                             : formats::MetricsWriter::create(join_path(run_dir, "metrics.jsonl")));
+  }
 
   const int64_t total_steps = *opt.steps;
-  const int64_t samples_per_step = batch * grad_accum;
+  const int64_t samples_per_step = batch * grad_accum * world_size;  // the global batch
   log << "vlatune train: " << opt.config << " Pi0.5 on " << device << ", " << source->describe() << ", batch " << batch
-      << " x " << grad_accum << ", precision " << precision << ", steps " << first_step << ".." << total_steps
-      << ", recompute " << applied.recompute.size() << " module(s), run dir " << run_dir << "\n";
+      << " x " << grad_accum;
+  if (dist) log << " x " << world_size << " processes";
+  log << ", precision " << precision << ", steps " << first_step << ".." << total_steps << ", recompute "
+      << applied.recompute.size() << " module(s), fp8 " << applied.fp8.size() << " Linear(s), run dir " << run_dir
+      << "\n";
+  if (dist) {
+    const auto& groups = parts.buckets->groups();
+    int64_t bytes = 0;
+    for (const auto& g : groups) bytes += g.bytes;
+    log << "data-parallel: " << world_size << " processes (" << dist->env().launcher << ", " << dist->backend_name()
+        << "), gradients in " << groups.size() << " bucket(s) of "
+        << (opt.reduce_dtype.value_or(applied.reduce_dtype) == "fp32" ? "fp32" : "bf16") << " (" << std::fixed
+        << std::setprecision(1) << bytes / 1048576.0 << std::defaultfloat << " MiB), "
+        << (opt.dist_buckets == "one" ? "one all-reduce after backward" : "all-reduced per group during backward")
+        << "\n";
+  }
 
-  auto write_ck = [&](int64_t next_step) {
+  auto write_ck = [&](int64_t next_step) -> std::string {
+    if (!writer) return {};  // rank 0 alone writes checkpoints (every rank holds the same state)
     CheckpointContents ck;
     ck.next_step = next_step;
     ck.optimizer = optimizer.state_dict();
@@ -242,12 +317,13 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& log)
 
   // ---- 6. The step loop. ----
   SignalScope signals;
-  const bool bar = opt.progress_bar.value_or(::isatty(STDERR_FILENO) == 1);
+  const bool bar = writer && opt.progress_bar.value_or(::isatty(STDERR_FILENO) == 1);
   int64_t consecutive_nonfinite = 0;
   double peak_gib = 0.0;
   int64_t step = first_step;
+  bool stop = !dist && g_stop_signal.load() != 0;  // data-parallel: the ranks agree after each step
   const auto loop_start = std::chrono::steady_clock::now();
-  for (; step < total_steps && g_stop_signal.load() == 0; ++step) {
+  for (; step < total_steps && !stop; ++step) {
     reset_peak_allocated(device);
     const auto t0 = std::chrono::steady_clock::now();
     const double lr = schedule.lr(step);
@@ -266,7 +342,18 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& log)
     if (!res.skipped && ema) ema->update();
     if (cuda) torch::cuda::synchronize();
     const double step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    const double loss = outcome.loss;
+    double loss = outcome.loss;
+    if (dist) {
+      // The mean loss over ranks (what one process would log) and whether any rank was asked to stop, in one
+      // all-reduce, so that every rank leaves the loop after the same step.
+      torch::Tensor t = torch::tensor({loss, g_stop_signal.load() != 0 ? 1.0 : 0.0}, torch::kFloat64).to(device);
+      dist->allreduce_sum_blocking(t, "all-reduce of the step's loss");
+      t = t.cpu();
+      loss = t[0].item<double>() / world_size;
+      stop = t[1].item<double>() > 0;
+    } else {
+      stop = g_stop_signal.load() != 0;
+    }
     const bool nonfinite = res.skipped || !std::isfinite(loss);
     const double step_peak = peak_allocated_gib(device);
     peak_gib = std::max(peak_gib, step_peak);
@@ -282,7 +369,7 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& log)
     row.data_wait_ms = wait_ms;
     row.peak_gib = step_peak;
     row.skipped = nonfinite;
-    metrics.append(row);
+    if (metrics) metrics->append(row);
     if (step - first_step >= opt.timing_warmup) {
       timing_step_ms.push_back(step_ms);
       timing_loss.push_back(loss);
@@ -335,13 +422,42 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& log)
   summary.first_step = first_step;
   summary.last_step = step;
   summary.skipped_steps = skipped_total;
-  summary.interrupted = g_stop_signal.load() != 0;
+  summary.interrupted = stop;
+  summary.rank = rank;
+  summary.world_size = world_size;
   summary.peak_gib = peak_gib;
+  if (dist) {
+    // Every rank applied the same averaged gradients to the same weights: check that they still agree (a sum and
+    // an absolute sum of all parameters per rank, gathered in one all-reduce), once, at the end.
+    torch::NoGradGuard no_grad;
+    torch::Tensor slots = torch::zeros({2 * world_size}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
+    for (const auto& item : named_params) {
+      torch::Tensor d = item.second.detach().to(torch::kFloat64);
+      slots[2 * rank] += d.sum();
+      slots[2 * rank + 1] += d.abs().sum();
+    }
+    dist->allreduce_sum_blocking(slots, "all-reduce of the parameter checksums");
+    slots = slots.cpu();
+    const double* c = slots.data_ptr<double>();
+    for (int r = 1; r < world_size; ++r) {
+      if (c[2 * r] != c[0] || c[2 * r + 1] != c[1]) {
+        std::ostringstream os;
+        os << std::setprecision(17) << "distributed: the parameters differ across ranks after step " << step
+           << ": rank 0 checksum " << c[0] << " / " << c[1] << ", rank " << r << " " << c[2 * r] << " / "
+           << c[2 * r + 1];
+        throw DistributedError(os.str());
+      }
+    }
+    log << "data-parallel: parameters identical on all " << world_size << " ranks (checksum " << std::setprecision(17)
+        << c[0] << std::defaultfloat << std::setprecision(6) << ")\n";
+  }
   const std::string ck_dir = write_ck(step);
   if (summary.interrupted) {
-    log << "interrupted by signal " << g_stop_signal.load() << " after step " << step << "; checkpoint " << ck_dir
+    log << "interrupted by a signal after step " << step << "; checkpoint " << ck_dir
         << "; continue with: vlatune train --resume " << run_dir << "\n";
   }
+
+  if (!writer) return summary;  // the rest is rank 0's: final weights, norm stats, run.json
 
   const std::string final_dir = join_path(run_dir, "final");
   make_directories(final_dir);
@@ -382,7 +498,7 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& log)
     run.samples_per_s_median = summary.samples_per_s_median;
   }
   if (cuda) run.peak_gib = peak_gib;
-  run.environment = capture_environment(device, opt.config, formats::recipe_hash(recipe), 1);
+  run.environment = capture_environment(device, opt.config, formats::recipe_hash(recipe), world_size);
   formats::write_run_record(run, join_path(run_dir, "run.json"));
   log << "done: steps " << first_step << ".." << step << ", median ";
   if (timing_step_ms.empty())

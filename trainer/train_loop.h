@@ -20,9 +20,14 @@ struct TrainOptions {
   std::string init_weights;        // openpi/LeRobot-named safetensors to start from
   std::string device = "auto";     // auto | cpu | cuda
   // Overridable recipe keys (unset: the recipe's value, else its default).
-  std::optional<int64_t> batch;          // batch.micro_batch
-  std::optional<int64_t> grad_accum;     // batch.grad_accum
-  std::optional<std::string> precision;  // model_options.precision: bf16 | fp32-master
+  std::optional<int64_t> batch;             // batch.micro_batch
+  std::optional<int64_t> grad_accum;        // batch.grad_accum
+  std::optional<std::string> precision;     // model_options.precision: bf16 | fp32-master
+  std::optional<std::string> reduce_dtype;  // distributed.reduce_dtype: bf16 | fp32
+  // Data-parallel (launched by torchrun, Slurm or `vlatune launch`; see trainer/distributed.h). --batch and
+  // --grad-accum are per process: the global batch is batch x grad_accum x world size.
+  std::string dist_buckets = "groups";  // groups: per-group all-reduce during backward | one: one after backward
+  double dist_timeout_s = 600;          // a collective (or the rendezvous) not done by then fails the run
   // Run length and optimization (defaults: openpi pi05_libero, spec §9.1).
   std::optional<int64_t> steps;  // total optimizer steps (required for a new run)
   double lr = 5e-5;              // peak learning rate
@@ -54,6 +59,7 @@ struct TrainSummary {
   double samples_per_s_median = 0.0;
   double peak_gib = 0.0;
   bool interrupted = false;  // SIGINT/SIGTERM: a final checkpoint was written
+  int rank = 0, world_size = 1;
 };
 
 // Thrown for bad options or inputs (named); the CLI maps it to exit code 4.

@@ -10,11 +10,44 @@ namespace {
 // Scopes keep a reference to their name: these outlive every step.
 const std::string kDataScopeName = profiler::kDataScope;
 const std::string kOptimizerScopeName = profiler::kOptimizerScope;
+
+// Same starting weights everywhere (rank 0's), then one gradient bucket per group.
+void setup_data_parallel(TrainingParts& parts, const TrainOptions& opt) {
+  {
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> tensors;
+    for (const auto& item : parts.named_params) tensors.push_back(item.second.detach());
+    parts.dist->broadcast(tensors, /*root=*/0, "broadcast of rank 0's initial parameters");
+  }
+  std::vector<GroupModules> groups;
+  if (parts.applied.groups.empty()) {
+    groups = default_group_modules(module_fqns(*parts.net));
+  } else {
+    for (const auto& g : parts.applied.groups) groups.push_back({g.name, g.modules});
+    groups = backward_ordered(std::move(groups));
+  }
+  std::vector<std::string> names;
+  for (const auto& item : parts.named_params) names.push_back(item.first);
+  GradBucketsOptions options;
+  options.reduce_fp32 = opt.reduce_dtype.value_or(parts.applied.reduce_dtype) == "fp32";
+  if (opt.dist_buckets != "groups" && opt.dist_buckets != "one")
+    throw TrainInputError("--dist-buckets: expected groups or one, got '" + opt.dist_buckets + "'");
+  options.overlap = opt.dist_buckets == "groups";
+  try {
+    parts.buckets =
+        std::make_unique<GradBuckets>(parts.dist, parts.named_params, assign_parameters(names, groups), options);
+  } catch (const std::invalid_argument& e) {
+    throw TrainInputError(std::string("gradient groups: ") + e.what());
+  }
+}
+
 }  // namespace
 
 TrainingParts build_training_parts(const TrainOptions& opt, const formats::Recipe& recipe,
-                                   const std::string& recipe_label, bool load_init_weights, std::ostream& log) {
+                                   const std::string& recipe_label, bool load_init_weights, std::ostream& log,
+                                   std::shared_ptr<ProcessGroup> dist) {
   TrainingParts parts;
+  parts.dist = std::move(dist);
   try {
     parts.config = model::Pi05Config::named(opt.config);
   } catch (const std::invalid_argument& e) {
@@ -25,6 +58,7 @@ TrainingParts build_training_parts(const TrainOptions& opt, const formats::Recip
   } catch (const std::invalid_argument& e) {
     throw TrainInputError(e.what());
   }
+  if (parts.dist && parts.device.is_cuda()) parts.device = torch::Device(torch::kCUDA, parts.dist->env().local_rank);
   parts.batch = opt.batch.value_or(recipe.batch.micro_batch);
   parts.grad_accum = opt.grad_accum.value_or(recipe.batch.grad_accum);
   parts.precision = opt.precision.value_or(formats::to_string(recipe.model_options.precision));
@@ -44,7 +78,7 @@ TrainingParts build_training_parts(const TrainOptions& opt, const formats::Recip
       throw TrainInputError("--init-weights: " + report.summary());
     log << "init weights: " << report.summary() << "\n";
   }
-  parts.applied = apply_recipe(recipe, recipe_label, *parts.net);
+  parts.applied = apply_recipe(recipe, recipe_label, *parts.net, parts.dist ? parts.dist->size() : 1);
   parts.applied.forward.loss_action_dim = opt.loss_action_dim;
   if (cuda && opt_precision == OptimizerPrecision::kFp32Master) parts.applied.forward.compute_dtype = torch::kBFloat16;
 
@@ -58,6 +92,7 @@ TrainingParts build_training_parts(const TrainOptions& opt, const formats::Recip
   adam.weight_decay = opt.weight_decay;
   adam.precision = opt_precision;
   parts.optimizer = std::make_unique<AdamW>(parts.named_params, adam);
+  if (parts.dist) setup_data_parallel(parts, opt);
   return parts;
 }
 
@@ -65,6 +100,7 @@ void open_training_data(TrainingParts& parts, const TrainOptions& opt, int64_t b
   LoaderOptions loader;
   loader.workers = opt.workers;
   loader.augment = opt.augment;
+  if (parts.dist) loader.step_stride = parts.dist->size();  // see micro_batch_index
   if (parts.applied.num_images) loader.slots = *parts.applied.num_images;
   parts.source.reset();  // stop the old loader's workers first
   try {
@@ -75,6 +111,11 @@ void open_training_data(TrainingParts& parts, const TrainOptions& opt, int64_t b
   parts.batch = batch;
 }
 
+int64_t micro_batch_index(const TrainingParts& parts, int64_t step, int64_t micro) {
+  const int64_t index = step * parts.grad_accum + micro;
+  return parts.dist ? index * parts.dist->size() + parts.dist->rank() : index;
+}
+
 StepOutcome run_train_step(TrainingParts& parts, int64_t step, double lr, double clip_norm) {
   StepOutcome out;
   double loss_sum = 0.0;
@@ -82,17 +123,19 @@ StepOutcome run_train_step(TrainingParts& parts, int64_t step, double lr, double
     double wait = 0.0;
     model::Pi05Batch b = [&] {
       profiler::Scope data_scope(kDataScopeName);
-      return parts.source->next(step * parts.grad_accum + micro, &wait);
+      return parts.source->next(micro_batch_index(parts, step, micro), &wait);
     }();
     out.wait_ms += wait;
     auto result = parts.net->forward(b, parts.applied.forward);
     torch::Tensor loss = parts.grad_accum > 1 ? result.loss / static_cast<double>(parts.grad_accum) : result.loss;
+    if (parts.buckets && micro + 1 == parts.grad_accum) parts.buckets->arm_last_backward();
     loss.backward();
     loss_sum += result.loss.detach().to(torch::kFloat64).item<double>();  // per-step sync: the loss is logged
   }
   {
     profiler::Scope optimizer_scope(kOptimizerScopeName, profiler::Phase::kOptimizer);
     parts.net->fill_missing_grads();
+    if (parts.buckets) parts.buckets->finish();  // averaged over ranks before clipping
     out.optimizer = parts.optimizer->step(lr, clip_norm);
     parts.optimizer->zero_grad();
   }

@@ -15,6 +15,8 @@
 #include "formats/recipe.h"
 #include "model/pi05.h"
 #include "trainer/data_source.h"
+#include "trainer/distributed.h"
+#include "trainer/grad_buckets.h"
 #include "trainer/optimizer.h"
 #include "trainer/recipe_apply.h"
 #include "trainer/train_loop.h"
@@ -31,12 +33,22 @@ struct TrainingParts {
   std::unique_ptr<DataSource> source;
   std::vector<std::pair<std::string, torch::Tensor>> named_params;
   std::unique_ptr<AdamW> optimizer;
+  // Data-parallel (null: one process). Rank r reads micro-batch (step * grad_accum + micro) * world + r, so the
+  // world's micro-batches of a step are those one process would read with grad_accum x world.
+  std::shared_ptr<ProcessGroup> dist;
+  std::unique_ptr<GradBuckets> buckets;
 };
 
 // Model (initialized from opt.seed, then --init-weights when `load_init_weights`), recipe applied, data opened,
 // optimizer created, as `vlatune train` sets them up. Bad options: TrainInputError naming the option.
+// With `dist` (more than one process): the device is cuda:LOCAL_RANK on CUDA, the recipe's groups and
+// distributed keys are applied, parameters are broadcast from rank 0, and gradient buckets are set up.
 TrainingParts build_training_parts(const TrainOptions& opt, const formats::Recipe& recipe,
-                                   const std::string& recipe_label, bool load_init_weights, std::ostream& log);
+                                   const std::string& recipe_label, bool load_init_weights, std::ostream& log,
+                                   std::shared_ptr<ProcessGroup> dist = nullptr);
+
+// The data index of micro-batch `micro` of `step` on this rank (see TrainingParts::dist).
+int64_t micro_batch_index(const TrainingParts& parts, int64_t step, int64_t micro);
 
 // Re-opens the data source at micro-batch `batch` (the profiler's second batch size).
 void open_training_data(TrainingParts& parts, const TrainOptions& opt, int64_t batch);
@@ -47,8 +59,10 @@ struct StepOutcome {
   StepResult optimizer;
 };
 
-// grad_accum x (batch -> forward -> backward), missing gradients zero-filled, clip + AdamW at `lr`, gradients
-// cleared. Opens the pseudo-module scopes "<data>" and "<optimizer>". Synchronizes once (the loss is read).
+// grad_accum x (batch -> forward -> backward), missing gradients zero-filled, gradients all-reduced (averaged)
+// when distributed (buckets launched during the last backward, waited before clipping), clip + AdamW at `lr`,
+// gradients cleared; `loss` is this rank's. Opens the pseudo-module scopes "<data>" and "<optimizer>".
+// Synchronizes once (the loss is read).
 StepOutcome run_train_step(TrainingParts& parts, int64_t step, double lr, double clip_norm);
 
 }  // namespace vlatune::trainer

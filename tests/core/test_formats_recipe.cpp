@@ -170,12 +170,25 @@ TEST_CASE("Wrong recipe value types are rejected with what was expected", "[form
   }
 }
 
+TEST_CASE("fp8.scaling reads and writes both scaling modes", "[formats][recipe]") {
+  for (const auto& [text, value] :
+       {std::pair<const char*, Fp8Scaling>{"tensorwise", Fp8Scaling::kTensorwise}, {"delayed", Fp8Scaling::kDelayed}}) {
+    const Recipe r = parse_recipe(json::parse(std::string(R"({"fp8": {"scaling": ")") + text + "\"}}"), "recipe.json");
+    CHECK(r.fp8.scaling == value);
+    CHECK(recipe_to_json(r)["fp8"]["scaling"] == text);
+    CHECK(recipe_to_json(parse_recipe(recipe_to_json(r), "recipe.json")) == recipe_to_json(r));
+  }
+}
+
 TEST_CASE("Bad recipe enum values list the allowed ones", "[formats][recipe]") {
   CHECK_THAT(error_of(R"({"model_options": {"attention": "fast"}})").what(),
              Catch::Equals("recipe.json: $.model_options.attention: expected one of \"lean\", \"materialized\", got "
                            "string \"fast\""));
   CHECK(error_of(R"({"model_options": {"precision": "fp32"}})").json_path() == "$.model_options.precision");
   CHECK(error_of(R"({"fp8": {"scaling": "rowwise"}})").json_path() == "$.fp8.scaling");
+  CHECK_THAT(error_of(R"({"fp8": {"scaling": "current"}})").what(),
+             Catch::Equals("recipe.json: $.fp8.scaling: expected one of \"tensorwise\", \"delayed\", got string "
+                           "\"current\""));
   CHECK(error_of(R"({"distributed": {"reduce_dtype": "fp16"}})").json_path() == "$.distributed.reduce_dtype");
   CHECK(error_of(R"({"model": "pi0"})").json_path() == "$.model");
 }

@@ -83,10 +83,11 @@ TEST_CASE("Bad flags and values are rejected with exit code 4 and a message nami
   CHECK(no_verb.code == vlatune::cli::kExitBadInput);
 }
 
-TEST_CASE("Verbs whose capability does not exist yet exit 69 with a one-line message", "[cli]") {
-  auto r = run_cli({"launch", "--nproc", "2", "--", "train"});
-  CHECK(r.code == vlatune::cli::kExitUnavailable);
-  CHECK(r.err.find("launch: not available yet") != std::string::npos);
+TEST_CASE("launch checks its command before starting any process, with a one-line message", "[cli]") {
+  // (Launching itself is covered by tests/torch/test_distributed.cpp, through the built binary.)
+  auto r = run_cli({"launch", "--nproc", "2", "--", "launch", "--nproc", "2", "--", "train"});
+  CHECK(r.code == vlatune::cli::kExitBadInput);
+  CHECK(r.err.find("cannot be launch itself") != std::string::npos);
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
 }
 

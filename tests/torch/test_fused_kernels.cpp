@@ -203,6 +203,69 @@ TEST_CASE("geglu_linear equals down(gelu_tanh(gate) * up) with the activation re
   check_all(grad_f, grad_r, 1e-12, "gradient");
 }
 
+TEST_CASE("The fused LayerNorm wrapper matches autograd of its reference, with and without the residual",
+          "[fused][kernels]") {
+  torch::manual_seed(6);
+  const bool residual = GENERATE(true, false);
+  INFO("residual " << residual);
+  std::vector<torch::Tensor> in = {randn({3, 5, 40}) * 2 + 0.5, residual ? randn({3, 5, 40}) : torch::Tensor(),
+                                   randn({40}) * 0.3 + 1, randn({40}) * 0.1};
+  auto fused = [](const std::vector<torch::Tensor>& x) {
+    auto o = k::layer_norm_residual(x[0], x[1], x[2], x[3], 1e-6);
+    return std::vector<torch::Tensor>{o.h, o.y};
+  };
+  auto ref = [](const std::vector<torch::Tensor>& x) {
+    auto o = k::layer_norm_residual_ref(x[0], x[1], x[2], x[3], 1e-6);
+    return std::vector<torch::Tensor>{o.h, o.y};
+  };
+  std::vector<torch::Tensor> seeds = {randn({3, 5, 40}), randn({3, 5, 40})};
+  auto [out_f, grad_f] = run_with_grads(fused, in, seeds);
+  auto [out_r, grad_r] = run_with_grads(ref, in, seeds);
+  check_all(out_f, out_r, 1e-14, "output");
+  check_all(grad_f, grad_r, 1e-12, "gradient");
+}
+
+TEST_CASE("gelu_linear equals fc2(gelu_tanh(pre)) with the activation rebuilt in backward", "[fused][kernels]") {
+  torch::manual_seed(7);
+  const bool with_bias = GENERATE(true, false);
+  INFO("bias " << with_bias);
+  std::vector<torch::Tensor> in = {randn({3, 4, 24}) * 2, randn({16, 24}), with_bias ? randn({16}) : torch::Tensor()};
+  auto fused = [](const std::vector<torch::Tensor>& x) {
+    return std::vector<torch::Tensor>{k::gelu_linear(x[0], x[1], x[2], "")};
+  };
+  auto ref = [](const std::vector<torch::Tensor>& x) {
+    return std::vector<torch::Tensor>{at::linear(k::gelu_ref(x[0]), x[1], x[2])};
+  };
+  std::vector<torch::Tensor> seeds = {randn({3, 4, 16})};
+  auto [out_f, grad_f] = run_with_grads(fused, in, seeds);
+  auto [out_r, grad_r] = run_with_grads(ref, in, seeds);
+  check_all(out_f, out_r, 1e-14, "output");
+  check_all(grad_f, grad_r, 1e-12, "gradient");
+}
+
+TEST_CASE("split_qkv_heads gives the narrow-and-transpose views and their gradient", "[fused][kernels]") {
+  torch::manual_seed(8);
+  const int64_t b = 2, t = 5, h = 3, d = 4, w = h * d;
+  auto fused = [&](const std::vector<torch::Tensor>& x) {
+    auto o = k::split_qkv_heads(x[0] * 1.0, h);
+    return std::vector<torch::Tensor>{o.q, o.k, o.v};
+  };
+  auto ref = [&](const std::vector<torch::Tensor>& x) {
+    auto part = [&](int64_t i) { return x[0].narrow(-1, i * w, w).view({b, t, h, d}).transpose(1, 2); };
+    return std::vector<torch::Tensor>{part(0), part(1), part(2)};
+  };
+  std::vector<torch::Tensor> seeds = {randn({b, h, t, d}), randn({b, h, t, d}), randn({b, h, t, d})};
+  const std::vector<torch::Tensor> in = {randn({b, t, 3 * w})};
+  auto [out_f, grad_f] = run_with_grads(fused, in, seeds);
+  auto [out_r, grad_r] = run_with_grads(ref, in, seeds);
+  check_all(out_f, out_r, 1e-15, "output");
+  check_all(grad_f, grad_r, 1e-15, "gradient");
+  // The outputs are views of the merged tensor (no copy).
+  auto qkv = randn({b, t, 3 * w});
+  auto views = k::split_qkv_heads(qkv, h);
+  CHECK(views.k.data_ptr() == static_cast<char*>(qkv.data_ptr()) + w * qkv.element_size());
+}
+
 TEST_CASE("The model's fused structure gives the reference loss and gradients on the CPU (fp64, tiny)",
           "[fused][model]") {
   using namespace vlatune::model;
@@ -392,6 +455,51 @@ TEST_CASE("The CUDA GeGLU kernels (inside geglu_linear) match the fp64 reference
   // bf16 GEMMs accumulate in fp32 but round their outputs: the GEMM adds one rounding to each gradient.
   check_gpu_op(fused, ref, {randn({rows, 2 * features}) * 2, randn({48, features}) / 30}, {randn({rows, 48})}, dtype,
                "geglu_linear");
+}
+
+TEST_CASE("The CUDA LayerNorm kernels match the fp64 reference", "[.gpu][fused]") {
+  REQUIRE(torch::cuda::is_available());
+  const auto dtype = GENERATE(torch::kBFloat16, torch::kFloat32);
+  const auto width = GENERATE(32, 1152, 2048);
+  const bool residual = GENERATE(true, false);
+  INFO("dtype " << c10::toString(dtype) << " width " << width << " residual " << residual);
+  torch::manual_seed(600 + width);
+  const int64_t rows = 777;
+  auto fused = [](const std::vector<torch::Tensor>& x) {
+    auto o = k::layer_norm_residual(x[0], x[1], x[2], x[3], 1e-6);
+    return std::vector<torch::Tensor>{o.h, o.y};
+  };
+  auto ref = [](const std::vector<torch::Tensor>& x) {
+    auto o = k::layer_norm_residual_ref(x[0], x[1], x[2], x[3], 1e-6);
+    return std::vector<torch::Tensor>{o.h, o.y};
+  };
+  // An offset residual stream (the centring matters) and weights around 1, as SigLIP's.
+  std::vector<torch::Tensor> in = {randn({rows, width}) * 3 + 2, residual ? randn({rows, width}) : torch::Tensor(),
+                                   randn({width}) * 0.2 + 1, randn({width}) * 0.1};
+  check_gpu_op(fused, ref, in, {randn({rows, width}), randn({rows, width})}, dtype, "layer_norm");
+}
+
+TEST_CASE("The CUDA GELU kernels (inside gelu_linear) match the fp64 reference", "[.gpu][fused]") {
+  REQUIRE(torch::cuda::is_available());
+  const auto dtype = GENERATE(torch::kBFloat16, torch::kFloat32);
+  const auto features = GENERATE(64, 4304);
+  INFO("dtype " << c10::toString(dtype) << " features " << features);
+  torch::manual_seed(700 + features);
+  const int64_t rows = 333;
+  {
+    auto x = (randn({rows, features}) * 2).to(torch::kCUDA, dtype);
+    auto got = k::gelu(x);
+    CHECK(all_finite(got));
+    CHECK(rel_err(got, k::gelu_ref(x.to(torch::kCPU, torch::kFloat64))) < tol_for(dtype).out);
+  }
+  auto fused = [](const std::vector<torch::Tensor>& x) {
+    return std::vector<torch::Tensor>{k::gelu_linear(x[0], x[1], x[2], "")};
+  };
+  auto ref = [](const std::vector<torch::Tensor>& x) {
+    return std::vector<torch::Tensor>{at::linear(k::gelu_ref(x[0]), x[1], x[2])};
+  };
+  check_gpu_op(fused, ref, {randn({rows, features}) * 2, randn({48, features}) / 30, randn({48})}, {randn({rows, 48})},
+               dtype, "gelu_linear");
 }
 
 TEST_CASE("merged_linear on the GPU matches the fp64 reference", "[.gpu][fused]") {

@@ -205,9 +205,9 @@ TEST_CASE("vlatune profile on the tiny model writes a readable profile and a tra
   REQUIRE(p.batches.size() == 2);
   CHECK(p.batches[1].batch == 1);
   const auto& b = p.batches[0];
-  // Nearly every ATen op of the step ran inside some scope (backward ones through their forward's sequence
-  // number); on the CPU the backward seed and the loss read-back stay outside (the H200 profile: 98%).
-  CHECK(b.attribution.attributed_fraction > 0.9);
+  // Every ATen op of the step runs inside some scope: backward ones through their forward's sequence number,
+  // the engine's work after a node through the node's trailing id; only stray host-side ops stay outside.
+  CHECK(b.attribution.attributed_fraction > 0.99);
   bool mlp_backward = false, optimizer = false, loss = false;
   for (const auto& m : b.modules) {
     if (m.fqn == "paligemma_with_expert.paligemma.model.language_model.layers.0.mlp") mlp_backward = m.backward_ms > 0;

@@ -146,11 +146,30 @@ TEST_CASE("Recipe keys are applied, and features not built yet are refused with 
   ::mkdir(base.c_str(), 0755);
 
   const std::string fp8 = base + "/fp8.json";
-  write_text(fp8, R"({"schema": "vlatune.recipe/1", "fp8": {"modules": ["action_in_proj"]}})");
+  write_text(fp8, R"({"schema": "vlatune.recipe/1",
+    "fp8": {"modules": ["paligemma_with_expert.gemma_expert.model.layers.*.mlp"]}})");
   auto o = tiny_options(base + "/run-fp8", 1);
   o.recipe_path = fp8;
-  REQUIRE_THROWS_WITH(vlatune::trainer::run_training(o, log),
-                      Catch::Contains("fp8.json") && Catch::Contains("$.fp8.modules"));
+  REQUIRE_THROWS_WITH(vlatune::trainer::run_training(o, log), Catch::Contains("fp8.json") &&
+                                                                  Catch::Contains("$.fp8.modules") &&
+                                                                  Catch::Contains("is not a Linear"));
+
+  const std::string groups = base + "/groups.json";
+  write_text(groups, R"({"schema": "vlatune.recipe/1",
+    "groups": [{"name": "g", "modules": ["action_in_proj"], "cuda_graph": true}]})");
+  o = tiny_options(base + "/run-groups", 1);
+  o.recipe_path = groups;
+  REQUIRE_THROWS_WITH(vlatune::trainer::run_training(o, log), Catch::Contains("$.groups[0].cuda_graph"));
+
+  const std::string fp8_good = base + "/fp8_good.json";
+  write_text(fp8_good, R"({"schema": "vlatune.recipe/1", "fp8": {"scaling": "delayed",
+    "modules": ["paligemma_with_expert.paligemma.model.language_model.layers.*.mlp.gate_proj",
+                "paligemma_with_expert.gemma_expert.model.layers.*.self_attn.o_proj"]}})");
+  o = tiny_options(base + "/run-fp8-good", 2);
+  o.recipe_path = fp8_good;
+  vlatune::trainer::run_training(o, log);
+  CHECK(log.str().find("fp8 6 Linear(s)") != std::string::npos);  // 2 layers x (gate, up) + 2 o_proj
+  CHECK_NOTHROW(vlatune::formats::read_run_record(base + "/run-fp8-good/run.json"));  // the numerics gate's input
 
   const std::string bad = base + "/nomatch.json";
   write_text(bad, R"({"schema": "vlatune.recipe/1", "recompute": {"modules": ["paligemma_with_expert.x.*"]}})");

@@ -1,0 +1,60 @@
+// Fused FP8 quantization (issue 7): torch-free params structs and raw-pointer launchers; kernels in fp8_quant.cu,
+// the ATen reference and the torch entry points in fp8_ops.cpp (declared in fp8_ops.h). Design note: fp8.md.
+//
+// Tensorwise scaling: one fp32 scale per tensor, scale = fp8_max / amax (1 when amax is 0 or not finite), the
+// cast is round-to-nearest-even of fp32(x) * scale with saturation to +-fp8_max (SATFINITE), and the GEMM gets
+// the dequantization scale inv_scale = 1 / scale. The amax the scale comes from is read from device memory
+// (`amax_in`): the amax of this tensor (current scaling, written by launch_fp8_amax first) or the maximum of an
+// amax history (delayed scaling), so nothing waits for the host.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/fused.h"  // ActDtype, CUstream_st
+
+namespace vlatune::kernels {
+
+enum class Fp8Format { kE4m3, kE5m2 };  // e4m3fn (max 448): activations and weights; e5m2 (max 57344): gradients
+
+constexpr float fp8_max_value(Fp8Format f) {
+  return f == Fp8Format::kE4m3 ? 448.f : 57344.f;
+}
+
+// amax_out[0] = max(amax_out[0], max |x|) (atomic; amax_out must hold a value >= 0). x: `count` contiguous elements.
+struct Fp8AmaxParams {
+  ActDtype dtype = ActDtype::kBf16;
+  int64_t count = 0;
+  const void* x = nullptr;
+  float* amax_out = nullptr;
+};
+
+// x [rows, cols] row-major (contiguous) -> in one pass, any of:
+//   out   [rows, cols] FP8, rows `out_ld` bytes apart                  (the row-major copy: A of a GEMM)
+//   out_t [cols, rows] FP8, rows `out_t_ld` bytes apart                (the transposed copy: x^T row-major)
+//   amax_out[0] = max(amax_out[0], max |x|)                            (atomic: the amax for the next step)
+// with scale = fp8_max / max(amax_in[i] for i in [0, amax_count), i != amax_skip). Block 0 also writes
+// inv_scale_out[0] = 1 / scale and amax_used_out[0] = the amax it used (either may be null).
+// rows and cols must be multiples of 16 (fp8_quantize_supported); out_ld and out_t_ld multiples of 16 bytes and the
+// output pointers 16-byte aligned (a merged GEMM's member writes into rows / columns of one shared buffer).
+struct Fp8QuantParams {
+  ActDtype dtype = ActDtype::kBf16;
+  Fp8Format format = Fp8Format::kE4m3;
+  int64_t rows = 0, cols = 0;
+  const void* x = nullptr;
+  const float* amax_in = nullptr;
+  int amax_count = 1;
+  int amax_skip = -1;
+  void* out = nullptr;  // or null
+  int64_t out_ld = 0;
+  void* out_t = nullptr;  // or null
+  int64_t out_t_ld = 0;
+  float* amax_out = nullptr;       // or null
+  float* inv_scale_out = nullptr;  // or null
+  float* amax_used_out = nullptr;  // or null
+};
+
+bool fp8_quantize_supported(int64_t rows, int64_t cols);
+void launch_fp8_amax(const Fp8AmaxParams& p, CUstream_st* stream);
+void launch_fp8_quantize(const Fp8QuantParams& p, CUstream_st* stream);
+
+}  // namespace vlatune::kernels

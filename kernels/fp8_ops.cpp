@@ -1,0 +1,167 @@
+// Fused FP8 quantization: checks, dispatch by device (fp8_quant.cu on CUDA, the ATen reference elsewhere) and the
+// FP8 GEMM (at::_scaled_mm; a dequantize-and-multiply emulation on the CPU). Contract: fp8_ops.h, fp8.h.
+#include <ATen/ATen.h>
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/fp8_ops.h"
+#include "kernels/fused_ops.h"
+
+#ifdef VLATUNE_HAVE_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace vlatune::kernels {
+
+namespace {
+
+std::string describe(const at::Tensor& t) {
+  if (!t.defined()) return "an undefined tensor";
+  std::ostringstream os;
+  os << c10::toString(t.scalar_type()) << " " << t.sizes() << " on " << t.device();
+  return os.str();
+}
+
+[[noreturn]] void fail(const std::string& what, const at::Tensor& t) {
+  throw std::invalid_argument("fp8_quantize: " + what + ", got " + describe(t));
+}
+
+ActDtype act_dtype(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 ? ActDtype::kBf16 : ActDtype::kFp32;
+}
+
+bool kernel_applies(const at::Tensor& x) {
+  return fused_kernels_apply(x);  // CUDA build, CUDA tensor, fp32 or bf16
+}
+
+void check_fp32_scalar(const char* name, const at::Tensor& t, const at::Tensor& x) {
+  if (t.defined() && (t.scalar_type() != at::kFloat || t.numel() != 1 || t.device() != x.device()))
+    fail(std::string(name) + " must be one fp32 element on " + x.device().str(), t);
+}
+
+void check_outputs(const at::Tensor& x, Fp8Format format, const at::Tensor& amax_in, const Fp8QuantOutputs& o) {
+  if (!x.defined() || x.dim() != 2 || !x.is_contiguous() || !at::isFloatingType(x.scalar_type()))
+    fail("x must be a contiguous floating [rows, cols] tensor", x);
+  if (x.size(0) % 16 != 0 || x.size(1) % 16 != 0) fail("rows and cols must be multiples of 16 (FP8 GEMM operands)", x);
+  if (!amax_in.defined() || amax_in.dim() != 1 || amax_in.numel() < 1 || amax_in.scalar_type() != at::kFloat ||
+      !amax_in.is_contiguous() || amax_in.device() != x.device())
+    fail("amax_in must be a contiguous 1-D fp32 tensor on " + x.device().str(), amax_in);
+  const auto dt = fp8_dtype(format);
+  if (o.out.defined() &&
+      (o.out.sizes() != x.sizes() || o.out.scalar_type() != dt || o.out.stride(1) != 1 || o.out.device() != x.device()))
+    fail("out must be [rows, cols] " + std::string(c10::toString(dt)) + " with a contiguous last dim", o.out);
+  if (o.out_t.defined() && (o.out_t.size(0) != x.size(1) || o.out_t.size(1) != x.size(0) ||
+                            o.out_t.scalar_type() != dt || o.out_t.stride(1) != 1 || o.out_t.device() != x.device()))
+    fail("out_t must be [cols, rows] " + std::string(c10::toString(dt)) + " with a contiguous last dim", o.out_t);
+  check_fp32_scalar("amax_out", o.amax_out, x);
+  check_fp32_scalar("inv_scale", o.inv_scale, x);
+  check_fp32_scalar("amax_used", o.amax_used, x);
+}
+
+}  // namespace
+
+at::ScalarType fp8_dtype(Fp8Format f) {
+  return f == Fp8Format::kE4m3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
+}
+
+void fp8_amax_into(const at::Tensor& x, const at::Tensor& amax) {
+  if (!amax.defined() || amax.scalar_type() != at::kFloat || amax.numel() != 1 || amax.device() != x.device())
+    fail("amax must be one fp32 element on x's device", amax);
+  if (x.numel() == 0) return;
+  if (kernel_applies(x)) {
+#ifdef VLATUNE_HAVE_CUDA
+    const at::Tensor xc = x.contiguous();
+    const c10::cuda::CUDAGuard guard(x.device());
+    Fp8AmaxParams p;
+    p.dtype = act_dtype(xc);
+    p.count = xc.numel();
+    p.x = xc.const_data_ptr();
+    p.amax_out = amax.data_ptr<float>();
+    launch_fp8_amax(p, c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+    return;
+#endif
+  }
+  amax.copy_(at::maximum(amax.reshape({1}), x.abs().max().to(at::kFloat).reshape({1})).reshape(amax.sizes()));
+}
+
+void fp8_quantize_into_ref(const at::Tensor& x, Fp8Format format, const at::Tensor& amax_in, int64_t amax_skip,
+                           const Fp8QuantOutputs& o) {
+  check_outputs(x, format, amax_in, o);
+  const float fmax = fp8_max_value(format);
+  at::Tensor hist = amax_in;
+  if (amax_skip >= 0 && amax_skip < amax_in.numel()) {
+    hist = amax_in.clone();
+    hist[amax_skip] = 0.0f;
+  }
+  const at::Tensor amax = hist.max();  // 0-dim fp32
+  // fp32 arithmetic throughout, as the kernel: scale = fp8_max / amax (1 for 0 or non-finite), inv = 1 / scale.
+  const at::Tensor ok = at::logical_and(amax > 0, at::isfinite(amax));
+  const at::Tensor scale = at::where(ok, at::full({}, fmax, amax.options()) / amax, at::ones_like(amax));
+  const at::Tensor q = (x.to(at::kFloat) * scale).clamp(-fmax, fmax).to(fp8_dtype(format));
+  if (o.out.defined()) o.out.copy_(q);
+  if (o.out_t.defined()) o.out_t.copy_(q.t());
+  if (o.amax_out.defined()) fp8_amax_into(x, o.amax_out);
+  if (o.inv_scale.defined())
+    o.inv_scale.copy_((at::full({}, 1.0f, scale.options()) / scale).reshape(o.inv_scale.sizes()));
+  if (o.amax_used.defined()) o.amax_used.copy_(amax.reshape(o.amax_used.sizes()));
+}
+
+void fp8_quantize_into(const at::Tensor& x, Fp8Format format, const at::Tensor& amax_in, int64_t amax_skip,
+                       const Fp8QuantOutputs& o) {
+  if (!kernel_applies(x)) return fp8_quantize_into_ref(x, format, amax_in, amax_skip, o);
+  check_outputs(x, format, amax_in, o);
+#ifdef VLATUNE_HAVE_CUDA
+  const c10::cuda::CUDAGuard guard(x.device());
+  Fp8QuantParams p;
+  p.dtype = act_dtype(x);
+  p.format = format;
+  p.rows = x.size(0);
+  p.cols = x.size(1);
+  p.x = x.const_data_ptr();
+  p.amax_in = amax_in.const_data_ptr<float>();
+  p.amax_count = static_cast<int>(amax_in.numel());
+  p.amax_skip = static_cast<int>(amax_skip);
+  if (o.out.defined()) p.out = o.out.data_ptr(), p.out_ld = o.out.stride(0);
+  if (o.out_t.defined()) p.out_t = o.out_t.data_ptr(), p.out_t_ld = o.out_t.stride(0);
+  p.amax_out = o.amax_out.defined() ? o.amax_out.data_ptr<float>() : nullptr;
+  p.inv_scale_out = o.inv_scale.defined() ? o.inv_scale.data_ptr<float>() : nullptr;
+  p.amax_used_out = o.amax_used.defined() ? o.amax_used.data_ptr<float>() : nullptr;
+  launch_fp8_quantize(p, c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+#endif
+}
+
+Fp8Tensor fp8_quantize(const at::Tensor& x_in, Fp8Format format, bool row_major, bool transposed) {
+  const at::Tensor x = x_in.contiguous();
+  if (x.dim() != 2) fail("x must be [rows, cols]", x);
+  const auto f32 = x.options().dtype(at::kFloat);
+  const auto q8 = x.options().dtype(fp8_dtype(format));
+  Fp8Tensor t;
+  t.amax_used = at::zeros({1}, f32);
+  t.inv_scale = at::empty({}, f32);
+  fp8_amax_into(x, t.amax_used);
+  Fp8QuantOutputs o;
+  if (row_major) t.data = o.out = at::empty({x.size(0), x.size(1)}, q8);
+  if (transposed) t.data_t = o.out_t = at::empty({x.size(1), x.size(0)}, q8);
+  o.inv_scale = t.inv_scale;
+  fp8_quantize_into(x, format, t.amax_used, -1, o);
+  return t;
+}
+
+at::Tensor fp8_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& inv_a, const at::Tensor& inv_b,
+                  at::ScalarType out_dtype, bool fast_accum) {
+  if (a.dim() != 2 || b.dim() != 2 || a.size(1) != b.size(0))
+    throw std::invalid_argument("fp8_mm: expected a [m, k] and b [k, n], got " + describe(a) + " and " + describe(b));
+  if (a.is_cuda()) {
+    if (a.size(1) % 16 != 0 || b.size(1) % 16 != 0)
+      throw std::invalid_argument("fp8_mm: k and n must be multiples of 16 for at::_scaled_mm, got " + describe(a) +
+                                  " and " + describe(b));
+    return at::_scaled_mm(a, b, inv_a.reshape({}), inv_b.reshape({}), std::nullopt, std::nullopt, out_dtype,
+                          fast_accum);
+  }
+  return (a.to(at::kFloat) * inv_a.reshape({})).mm(b.to(at::kFloat) * inv_b.reshape({})).to(out_dtype);
+}
+
+}  // namespace vlatune::kernels

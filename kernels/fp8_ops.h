@@ -1,0 +1,49 @@
+// Torch entry points of the fused FP8 quantization (issue 7; kernels in fp8_quant.cu, contract in fp8.h, design in
+// fp8.md) and the FP8 GEMM. On CUDA with fp32/bf16 inputs the kernels run; elsewhere (CPU) the ATen reference of
+// the same contract (same scale, same rounding, same saturation), so the FP8 Linear runs and is tested on the CPU.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "kernels/fp8.h"
+
+namespace vlatune::kernels {
+
+at::ScalarType fp8_dtype(Fp8Format f);  // kFloat8_e4m3fn | kFloat8_e5m2
+
+// amax[0] = max(amax[0], max |x|). amax: a 1-element fp32 tensor on x's device holding a value >= 0.
+void fp8_amax_into(const at::Tensor& x, const at::Tensor& amax);
+
+// Where fp8_quantize_into writes. Any output may be undefined (not written).
+struct Fp8QuantOutputs {
+  at::Tensor out;        // [rows, cols] FP8, last dim contiguous (e.g. rows [r0, r0 + rows) of a stacked buffer)
+  at::Tensor out_t;      // [cols, rows] FP8, last dim contiguous (e.g. columns [r0, r0 + rows) of [cols, R])
+  at::Tensor amax_out;   // [1] fp32: max(amax_out, max |x|)
+  at::Tensor inv_scale;  // fp32, one element: 1 / scale (the GEMM's dequantization scale)
+  at::Tensor amax_used;  // fp32, one element: the amax the scale came from
+};
+
+// x [rows, cols] (rows, cols multiples of 16) -> FP8 with scale = fp8_max / max(amax_in[i], i != amax_skip)
+// (1 when that is 0 or not finite). amax_in: 1-D fp32 on x's device (1 entry: current scaling; the history:
+// delayed scaling). Kernel on CUDA (fp32/bf16), else fp8_quantize_into_ref.
+void fp8_quantize_into(const at::Tensor& x, Fp8Format format, const at::Tensor& amax_in, int64_t amax_skip,
+                       const Fp8QuantOutputs& outputs);
+void fp8_quantize_into_ref(const at::Tensor& x, Fp8Format format, const at::Tensor& amax_in, int64_t amax_skip,
+                           const Fp8QuantOutputs& outputs);
+
+// Current scaling in one call: amax pass + cast pass. Returns the requested layouts and the dequantization scale.
+struct Fp8Tensor {
+  at::Tensor data;       // [rows, cols] row-major, when requested
+  at::Tensor data_t;     // [cols, rows] row-major (x^T), when requested
+  at::Tensor inv_scale;  // 0-dim fp32
+  at::Tensor amax_used;  // [1] fp32
+};
+Fp8Tensor fp8_quantize(const at::Tensor& x, Fp8Format format, bool row_major, bool transposed);
+
+// a [m, k] row-major FP8, b [k, n] column-major FP8 (b.t() contiguous), inv_a / inv_b their dequantization scales
+// (one element fp32): (a * inv_a)(b * inv_b) in `out_dtype`. at::_scaled_mm on CUDA (k, n multiples of 16); on the
+// CPU the same product of the dequantized operands in fp32 (an emulation: the tests' path).
+at::Tensor fp8_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& inv_a, const at::Tensor& inv_b,
+                  at::ScalarType out_dtype, bool fast_accum);
+
+}  // namespace vlatune::kernels

@@ -1,0 +1,193 @@
+// Fused FP8 quantization: amax, scale, cast and transposed copy in one pass (contract in fp8.h, design in fp8.md).
+// Torch-free: raw pointers, a stream, VLATUNE_CUDA_CHECK.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda_check.h"
+#include "kernels/fp8.h"
+#include "kernels/fused_device.cuh"
+
+namespace vlatune::kernels {
+
+using fused_detail::kVec;
+using fused_detail::load_pack;
+using fused_detail::NvtxRange;
+using fused_detail::Pack;
+using fused_detail::to_float;
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kTile = 64;  // a block casts a 64 x 64 tile: rows read as 16-byte vectors, the transpose via smem
+constexpr int kAmaxBlocksPerSm = 8;
+
+template <Fp8Format F>
+__device__ __forceinline__ uint8_t cast_fp8(float x) {
+  // Round to nearest even, saturating to +-max (NaN stays NaN): as ATen's clamp(-max, max).to(fp8).
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, F == Fp8Format::kE4m3 ? __NV_E4M3 : __NV_E5M2));
+}
+
+// Maximum over the block (every thread gets it). fmaxf drops NaN.
+__device__ __forceinline__ float block_max_all(float x) {
+  __shared__ float warp_max[32];
+  __shared__ float total;
+  for (int offset = 16; offset > 0; offset >>= 1) x = fmaxf(x, __shfl_down_sync(0xffffffffu, x, offset));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) warp_max[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    x = lane < static_cast<int>(blockDim.x >> 5) ? warp_max[lane] : 0.f;
+    for (int offset = 16; offset > 0; offset >>= 1) x = fmaxf(x, __shfl_down_sync(0xffffffffu, x, offset));
+    if (lane == 0) total = x;
+  }
+  __syncthreads();
+  return total;
+}
+
+// Non-negative floats order as their bit patterns: an integer atomicMax is a float max.
+__device__ __forceinline__ void atomic_max_nonneg(float* address, float value) {
+  atomicMax(reinterpret_cast<int*>(address), __float_as_int(value));
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) fp8_amax_kernel(const Fp8AmaxParams p) {
+  constexpr int V = kVec<T>;
+  const T* x = static_cast<const T*>(p.x);
+  float m = 0.f;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (p.count % V == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+    for (int64_t i = first; i < p.count / V; i += stride) {
+      const Pack<T, V> v = load_pack(x, i);
+#pragma unroll
+      for (int k = 0; k < V; ++k) m = fmaxf(m, fabsf(to_float(v.v[k])));
+    }
+  } else {
+    for (int64_t i = first; i < p.count; i += stride) m = fmaxf(m, fabsf(to_float(x[i])));
+  }
+  m = block_max_all(m);
+  if (threadIdx.x == 0) atomic_max_nonneg(p.amax_out, m);
+}
+
+template <typename T, Fp8Format F>
+__global__ void __launch_bounds__(kThreads) fp8_quant_kernel(const Fp8QuantParams p) {
+  constexpr int V = kVec<T>;             // elements per 16-byte load: 8 bf16, 4 fp32
+  constexpr int kVecPerRow = kTile / V;  // vectors per tile row
+  __shared__ float s_scale;
+  __shared__ __align__(16) uint8_t tile[kTile][kTile + 16];  // FP8 tile for the transposed write
+  if (threadIdx.x == 0) {
+    float amax = 0.f;
+    for (int i = 0; i < p.amax_count; ++i)
+      if (i != p.amax_skip) amax = fmaxf(amax, p.amax_in[i]);
+    const float scale = (amax > 0.f && isfinite(amax)) ? __fdiv_rn(fp8_max_value(F), amax) : 1.f;
+    s_scale = scale;
+    if (blockIdx.x == 0 && blockIdx.y == 0) {
+      if (p.inv_scale_out != nullptr) p.inv_scale_out[0] = __fdiv_rn(1.f, scale);
+      if (p.amax_used_out != nullptr) p.amax_used_out[0] = amax;
+    }
+  }
+  __syncthreads();
+  const float scale = s_scale;
+  const T* x = static_cast<const T*>(p.x);
+  uint8_t* out = static_cast<uint8_t*>(p.out);
+  uint8_t* out_t = static_cast<uint8_t*>(p.out_t);
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kTile, col0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  float m = 0.f;
+#pragma unroll
+  for (int i = threadIdx.x; i < kTile * kVecPerRow; i += kThreads) {
+    const int r = i / kVecPerRow, c = (i % kVecPerRow) * V;
+    const int64_t gr = row0 + r, gc = col0 + c;
+    if (gr >= p.rows || gc >= p.cols) continue;  // rows and cols are multiples of 16: vectors are whole
+    const Pack<T, V> v = load_pack(x + gr * p.cols + gc, 0);
+    Pack<uint8_t, V> q;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float f = to_float(v.v[k]);
+      m = fmaxf(m, fabsf(f));
+      q.v[k] = cast_fp8<F>(__fmul_rn(f, scale));
+    }
+    if (out != nullptr) *reinterpret_cast<Pack<uint8_t, V>*>(out + gr * p.out_ld + gc) = q;
+    if (out_t != nullptr) *reinterpret_cast<Pack<uint8_t, V>*>(&tile[r][c]) = q;
+  }
+  if (out_t != nullptr) {
+    __syncthreads();
+    // Transposed: tile column c becomes an output row; each thread writes 16 consecutive source rows (16 bytes).
+    const int c = threadIdx.x / (kTile / 16), r = (threadIdx.x % (kTile / 16)) * 16;
+    const int64_t gr = row0 + r, gc = col0 + c;
+    if (gr < p.rows && gc < p.cols) {
+      Pack<uint8_t, 16> q;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) q.v[j] = tile[r + j][c];
+      *reinterpret_cast<Pack<uint8_t, 16>*>(out_t + gc * p.out_t_ld + gr) = q;
+    }
+  }
+  if (p.amax_out != nullptr) {
+    m = block_max_all(m);
+    if (threadIdx.x == 0) atomic_max_nonneg(p.amax_out, m);
+  }
+}
+
+template <typename T>
+void launch_quant_typed(const Fp8QuantParams& p, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((p.rows + kTile - 1) / kTile),
+                  static_cast<unsigned>((p.cols + kTile - 1) / kTile));
+  if (p.format == Fp8Format::kE4m3) {
+    fp8_quant_kernel<T, Fp8Format::kE4m3><<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    fp8_quant_kernel<T, Fp8Format::kE5m2><<<grid, kThreads, 0, stream>>>(p);
+  }
+}
+
+bool aligned16(const void* ptr) {
+  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
+}
+
+}  // namespace
+
+bool fp8_quantize_supported(int64_t rows, int64_t cols) {
+  return rows > 0 && cols > 0 && rows % 16 == 0 && cols % 16 == 0 && (cols + kTile - 1) / kTile <= 65535;
+}
+
+void launch_fp8_amax(const Fp8AmaxParams& p, CUstream_st* stream) {
+  if (p.count == 0) return;
+  if (p.amax_out == nullptr || p.x == nullptr) throw std::invalid_argument("vlatune::fp8_amax: null pointer");
+  NvtxRange range("vlatune::fp8_amax");
+  const int vec = p.dtype == ActDtype::kBf16 ? 8 : 4;
+  const int64_t items = p.count % vec == 0 && aligned16(p.x) ? p.count / vec : p.count;  // as the kernel's loop
+  const int64_t blocks =
+      std::max<int64_t>(1, std::min<int64_t>((items + kThreads - 1) / kThreads,
+                                             static_cast<int64_t>(fused_detail::sm_count()) * kAmaxBlocksPerSm));
+  if (p.dtype == ActDtype::kBf16) {
+    fp8_amax_kernel<__nv_bfloat16><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+  } else {
+    fp8_amax_kernel<float><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+  }
+  VLATUNE_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_fp8_quantize(const Fp8QuantParams& p, CUstream_st* stream) {
+  const char* op = "vlatune::fp8_quantize";
+  if (!fp8_quantize_supported(p.rows, p.cols))
+    throw std::invalid_argument(std::string(op) + ": rows and cols must be positive multiples of 16, got " +
+                                std::to_string(p.rows) + " x " + std::to_string(p.cols));
+  if (p.x == nullptr || p.amax_in == nullptr || p.amax_count < 1 || !aligned16(p.x))
+    throw std::invalid_argument(std::string(op) + ": x (16-byte aligned) and amax_in are required");
+  if ((p.out != nullptr && (!aligned16(p.out) || p.out_ld % 16 != 0 || p.out_ld < p.cols)) ||
+      (p.out_t != nullptr && (!aligned16(p.out_t) || p.out_t_ld % 16 != 0 || p.out_t_ld < p.rows)))
+    throw std::invalid_argument(std::string(op) + ": outputs must be 16-byte aligned with 16-byte row strides");
+  NvtxRange range(op);
+  if (p.dtype == ActDtype::kBf16) {
+    launch_quant_typed<__nv_bfloat16>(p, stream);
+  } else {
+    launch_quant_typed<float>(p, stream);
+  }
+  VLATUNE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace vlatune::kernels

@@ -1,0 +1,59 @@
+// FP8 Linear (issue 7; design note kernels/fp8.md): y = x W^T through three FP8 GEMMs (at::_scaled_mm), tensorwise
+// scales, e4m3 for activations and weights, e5m2 for the output gradient, output in x's dtype (bf16).
+//
+//   forward   x -> x_q (row-major, for y) + x_q^T (saved, for dW) in one pass; W -> W_q (row-major);
+//             y = x_q W_q^T (fast accumulation)
+//   backward  dy -> dy_q + dy_q^T in one pass; W -> W_q^T (the forward's weight scale, no amax pass);
+//             dx = dy_q W_q (row-major A = dy_q, column-major B = (W_q^T)^T); dW_i = (dy_q^T)[rows of member i] x_q
+//
+// Saved for backward: x_q^T (one byte per element instead of x's two) and its scale, the weights (parameters) and
+// the weight amax. Weights are quantized once per pass (forward: row-major, backward: transposed) rather than
+// cached for the step: a cache would keep 2 bytes per FP8 parameter (~4.6 GB for Pi0.5's decoders) alive all step.
+// Activations and gradients: current scaling (amax pass + cast pass) or delayed scaling (one pass: the scale comes
+// from the amax history of the previous casts of that tensor, the cast records this amax; the first cast is
+// current). Weights always use current scaling (once per pass, cheap against the GEMMs).
+// Rows (tokens) that are not a multiple of 16 are zero-padded (exact); in/out features must be multiples of 16.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace vlatune::model {
+
+enum class Fp8Scaling { kCurrent, kDelayed };
+
+struct Fp8Config {
+  Fp8Scaling scaling = Fp8Scaling::kDelayed;
+  int64_t amax_history = 16;  // delayed: entries of the history (the previous 15 casts + the one being written)
+};
+
+// Amax history of one quantized tensor role (delayed scaling), on the device of the tensors it scales.
+struct Fp8AmaxHistory {
+  torch::Tensor amax;  // [amax_history] fp32, zeros until used
+  int64_t uses = 0;
+};
+
+// The state of one FP8 GEMM: a Linear, or a merged GEMM (QKV, gate+up; the state of its first FP8 member).
+struct Float8State {
+  Fp8Config config;
+  Fp8AmaxHistory input, grad_output;
+};
+
+// x [..., K] -> [..., sum N_i]: one GEMM against the row-stacked weights (merged GEMM) or a single Linear; bias
+// (optional, only with one weight) added in x's dtype. Throws std::invalid_argument when K or an N_i is not a
+// multiple of 16.
+torch::Tensor float8_linear(const torch::Tensor& x, const std::vector<torch::Tensor>& weights,
+                            const torch::Tensor& bias, Float8State& state);
+
+// down(geglu(merged)) with the down projection in FP8 (kernels::geglu_linear's FP8 form): saves `merged` and recomputes
+// the GeGLU output in backward, re-quantized transposed with the forward's scale. scope_fqn: the GEMM's profiler scope.
+torch::Tensor float8_geglu_linear(const torch::Tensor& merged, const torch::Tensor& weight, Float8State& state,
+                                  const std::string& scope_fqn);
+
+// Checks a Linear's shape for FP8: empty when fine, else the reason ("in_features 100 is not a multiple of 16").
+std::string float8_shape_problem(int64_t in_features, int64_t out_features);
+
+}  // namespace vlatune::model

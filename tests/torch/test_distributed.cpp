@@ -1,0 +1,428 @@
+// Data-parallel training on the CPU with Gloo: two processes on localhost (trainer/distributed.h,
+// trainer/grad_buckets.h, `vlatune launch`).
+//   - the launch environment (torchrun, Slurm) is parsed, or refused with the variable's name;
+//   - the default groups cover the tiny model in backward order;
+//   - bucketed all-reduce: each rank's gradients equal the mean of the two ranks' single-process gradients
+//     (workers are this test binary re-executed with the hidden tag [.dist-worker]);
+//   - a dead rank: the survivor fails with a DistributedError naming the operation (no hang);
+//   - `vlatune launch --nproc 2 -- train`: the same weights as one process with grad_accum 2, parameters identical
+//     on both ranks, resume on another world size, and a failing rank named by launch.
+#include <torch/torch.h>
+#include <catch2/catch.hpp>
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "model/pi05.h"
+#include "model/safetensors_io.h"
+#include "trainer/data_source.h"
+#include "trainer/distributed.h"
+#include "trainer/grad_buckets.h"
+#include "trainer/recipe_apply.h"
+
+namespace {
+
+using vlatune::trainer::DistEnv;
+
+std::string temp_dir(const std::string& tag) {
+  std::string templ = "/tmp/vlatune-dist-" + tag + "-XXXXXX";
+  const char* dir = ::mkdtemp(templ.data());
+  REQUIRE(dir != nullptr);
+  return dir;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string self_exe() {
+  std::vector<char> buf(PATH_MAX + 1, '\0');
+  const ssize_t n = ::readlink("/proc/self/exe", buf.data(), PATH_MAX);
+  REQUIRE(n > 0);
+  return std::string(buf.data(), static_cast<size_t>(n));
+}
+
+// A TCP port free right now on the loopback interface (the kernel picks it), so parallel runs do not collide.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Runs this test binary's hidden worker case as `world` ranks with torchrun's variables; returns exit codes.
+std::vector<int> run_workers(int world, const std::string& mode, const std::string& out_dir) {
+  const std::string exe = self_exe();
+  const int port = free_port();
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < world; ++rank) {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::setenv("RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      ::setenv("VLATUNE_DIST_TEST_MODE", mode.c_str(), 1);
+      ::setenv("VLATUNE_DIST_TEST_OUT", out_dir.c_str(), 1);
+      const std::string log = out_dir + "/rank" + std::to_string(rank) + ".log";
+      std::freopen(log.c_str(), "w", stdout);
+      std::freopen(log.c_str(), "a", stderr);
+      ::execl(exe.c_str(), exe.c_str(), "[dist-worker]", static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  // A guard against a hang (not a timing check): past two minutes the workers are killed and the case fails.
+  std::vector<int> codes(static_cast<size_t>(world), -1);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+  size_t left = pids.size();
+  while (left > 0) {
+    for (size_t r = 0; r < pids.size(); ++r) {
+      if (codes[r] != -1) continue;
+      int status = 0;
+      if (::waitpid(pids[r], &status, WNOHANG) == pids[r]) {
+        codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        --left;
+      }
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (size_t r = 0; r < pids.size(); ++r)
+        if (codes[r] == -1) {
+          ::kill(pids[r], SIGKILL);
+          ::waitpid(pids[r], nullptr, 0);
+          codes[r] = 999;
+        }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return codes;
+}
+
+std::string worker_logs(const std::string& dir, int world) {
+  std::string all;
+  for (int r = 0; r < world; ++r)
+    all += "--- rank " + std::to_string(r) + "\n" + read_text(dir + "/rank" + std::to_string(r) + ".log");
+  return all;
+}
+
+// The tiny model and a synthetic source, as `vlatune train --config tiny --device cpu --seed 5 --batch 2` sets
+// them up (fp32).
+struct TinySetup {
+  vlatune::model::Pi05Config cfg = vlatune::model::Pi05Config::named("tiny");
+  vlatune::model::Pi05 net{nullptr};
+  std::unique_ptr<vlatune::trainer::DataSource> source;
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  vlatune::model::ForwardOptions forward;
+  TinySetup() {
+    net = vlatune::model::Pi05(cfg, torch::kCPU, torch::kFloat32);
+    vlatune::model::init_weights(*net, 5);
+    vlatune::trainer::LoaderOptions loader;
+    loader.workers = 1;
+    source = vlatune::trainer::open_data_source("synthetic", cfg, 2, 5, torch::kCPU, loader);
+    for (const auto& item : net->named_parameters()) named.emplace_back(item.key(), item.value());
+    forward = vlatune::trainer::apply_recipe(vlatune::formats::Recipe{}, "<defaults>", *net).forward;
+  }
+  void backward(int64_t micro_index) {
+    auto batch = source->next(micro_index, nullptr);
+    net->forward(batch, forward).loss.backward();
+  }
+  std::vector<torch::Tensor> grads() {
+    net->fill_missing_grads();
+    std::vector<torch::Tensor> out;
+    for (auto& [name, p] : named) out.push_back(p.grad().detach().clone());
+    for (auto& [name, p] : named) p.mutable_grad().reset();
+    return out;
+  }
+};
+
+int run_vlatune(const std::string& args, const std::string& log) {
+  const std::string cmd = std::string(VLATUNE_BINARY) + " " + args + " > " + log + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+
+std::map<std::string, torch::Tensor> load_weights(const std::string& path) {
+  auto f = vlatune::model::SafetensorsFile::open(path);
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& e : f.entries()) out[e.name] = f.tensor(e.name);
+  return out;
+}
+
+void require_close(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b,
+                   double atol) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  std::string worst_name;
+  for (const auto& [name, t] : a) {
+    REQUIRE(b.count(name) == 1);
+    const double diff = (t.to(torch::kFloat64) - b.at(name).to(torch::kFloat64)).abs().max().item<double>();
+    if (diff > worst) {
+      worst = diff;
+      worst_name = name;
+    }
+  }
+  INFO("largest difference " << worst << " in " << worst_name);
+  CHECK(worst <= atol);
+}
+
+const char* kTrainArgs =
+    "--config tiny --device cpu --data synthetic --batch 2 --lr 1e-4 --warmup-steps 1 --decay-steps 100 "
+    "--workers 1 --no-progress --seed 5 --checkpoint-every 0 --timing-warmup 0";
+
+}  // namespace
+
+TEST_CASE("The launch environment: torchrun and Slurm variables, or one process", "[distributed]") {
+  auto env_of = [](std::map<std::string, std::string> vars) {
+    return [vars](const char* name) -> const char* {
+      auto it = vars.find(name);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    };
+  };
+  using vlatune::trainer::dist_env_from;
+  CHECK_FALSE(dist_env_from(env_of({})).has_value());
+  CHECK_FALSE(dist_env_from(env_of({{"RANK", "0"}, {"WORLD_SIZE", "1"}})).has_value());
+  CHECK_FALSE(dist_env_from(env_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}})).has_value());
+
+  auto t = dist_env_from(env_of({{"RANK", "3"},
+                                 {"WORLD_SIZE", "4"},
+                                 {"LOCAL_RANK", "1"},
+                                 {"LOCAL_WORLD_SIZE", "2"},
+                                 {"MASTER_ADDR", "node0"},
+                                 {"MASTER_PORT", "29511"}}));
+  REQUIRE(t.has_value());
+  CHECK(t->rank == 3);
+  CHECK(t->world_size == 4);
+  CHECK(t->local_rank == 1);
+  CHECK(t->local_world_size == 2);
+  CHECK(t->master_addr == "node0");
+  CHECK(t->master_port == 29511);
+  CHECK(t->launcher == "torchrun");
+
+  auto s = dist_env_from(env_of({{"SLURM_PROCID", "5"},
+                                 {"SLURM_NTASKS", "8"},
+                                 {"SLURM_LOCALID", "1"},
+                                 {"SLURM_TASKS_PER_NODE", "4(x2)"},
+                                 {"MASTER_ADDR", "10.0.0.1"}}));
+  REQUIRE(s.has_value());
+  CHECK(s->rank == 5);
+  CHECK(s->world_size == 8);
+  CHECK(s->local_rank == 1);
+  CHECK(s->local_world_size == 4);
+  CHECK(s->master_port == 29500);
+  CHECK(s->launcher == "slurm");
+
+  CHECK_THROWS_WITH(dist_env_from(env_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}})),
+                    Catch::Contains("MASTER_ADDR") && Catch::Contains("scontrol"));
+  CHECK_THROWS_WITH(dist_env_from(env_of({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "a"}})),
+                    Catch::Contains("RANK=2"));
+  CHECK_THROWS_WITH(dist_env_from(env_of({{"RANK", "x"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "a"}})),
+                    Catch::Contains("RANK=x"));
+  CHECK_THROWS_WITH(dist_env_from(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}})), Catch::Contains("MASTER_ADDR"));
+}
+
+TEST_CASE("Default gradient groups: the named units in backward order, covering every parameter", "[distributed]") {
+  TinySetup tiny;
+  const auto groups = vlatune::trainer::default_group_modules(vlatune::trainer::module_fqns(*tiny.net));
+  std::vector<std::string> names;
+  for (const auto& g : groups) names.push_back(g.name);
+  CHECK(names == std::vector<std::string>{"heads.out", "layer.1", "layer.0", "heads.in", "vision"});
+
+  std::vector<std::string> params;
+  for (const auto& [name, p] : tiny.named) params.push_back(name);
+  const auto buckets = vlatune::trainer::assign_parameters(params, groups);
+  size_t total = 0;
+  for (const auto& b : buckets) {
+    INFO(b.name);
+    CHECK(b.name != "<rest>");
+    total += b.params.size();
+  }
+  CHECK(total == params.size());
+
+  // Recipe groups in forward order come back in backward order; overlapping groups are refused.
+  auto ordered = vlatune::trainer::backward_ordered({groups[4], groups[3], groups[0]});
+  CHECK(ordered[0].name == "heads.out");
+  CHECK(ordered[2].name == "vision");
+  CHECK_THROWS_WITH(vlatune::trainer::assign_parameters(params, {{"a", {"action_in_proj"}}, {"b", {"action_in_proj"}}}),
+                    Catch::Contains("two groups"));
+}
+
+#ifdef VLATUNE_HAVE_GLOO
+
+// The worker behind the two-process cases: this binary, run by run_workers with torchrun's variables.
+TEST_CASE("distributed worker (run by the two-process cases)", "[.dist-worker]") {
+  const char* mode_env = std::getenv("VLATUNE_DIST_TEST_MODE");
+  const char* out_env = std::getenv("VLATUNE_DIST_TEST_OUT");
+  REQUIRE(mode_env != nullptr);
+  REQUIRE(out_env != nullptr);
+  const std::string mode = mode_env, out = out_env;
+  auto env = vlatune::trainer::dist_env_from_process();
+  REQUIRE(env.has_value());
+  auto pg = vlatune::trainer::ProcessGroup::create(*env, torch::kCPU, std::chrono::seconds(60));
+  const int rank = pg->rank();
+
+  if (mode == "die") {
+    pg->barrier("start-up barrier");
+    if (rank == 1) ::_exit(3);  // a rank that dies after the rendezvous
+    torch::Tensor t = torch::ones({1000});
+    try {
+      for (int i = 0; i < 100; ++i) pg->allreduce_sum_blocking(t, "all-reduce of test tensor");
+      FAIL("the all-reduce with a dead peer did not fail");
+    } catch (const vlatune::trainer::DistributedError& e) {
+      std::ofstream(out + "/error.txt") << e.what();
+    }
+    return;
+  }
+
+  // mode == "buckets": steps 0 and 1 on micro-batches step * 2 + rank, through GradBuckets (fp32, overlap),
+  // then step 2 with one bucket after backward (fp32); gradients saved per step.
+  TinySetup tiny;
+  std::vector<std::string> names;
+  for (const auto& [name, p] : tiny.named) names.push_back(name);
+  const auto assignment = vlatune::trainer::assign_parameters(
+      names, vlatune::trainer::default_group_modules(vlatune::trainer::module_fqns(*tiny.net)));
+  std::vector<torch::Tensor> saved;
+  int launched_in_backward = 0;
+  {
+    vlatune::trainer::GradBucketsOptions options;
+    options.reduce_fp32 = true;
+    vlatune::trainer::GradBuckets buckets(pg, tiny.named, assignment, options);
+    for (int64_t step = 0; step < 2; ++step) {
+      buckets.arm_last_backward();
+      tiny.backward(step * 2 + rank);
+      tiny.net->fill_missing_grads();
+      buckets.finish();
+      for (auto& g : tiny.grads()) saved.push_back(g);
+    }
+    launched_in_backward = buckets.launched_during_backward();
+  }
+  {
+    vlatune::trainer::GradBucketsOptions options;
+    options.reduce_fp32 = true;
+    options.overlap = false;
+    vlatune::trainer::GradBuckets one(pg, tiny.named, assignment, options);
+    CHECK(one.groups().size() == 1);
+    one.arm_last_backward();
+    tiny.backward(2 * 2 + rank);
+    tiny.net->fill_missing_grads();
+    one.finish();
+    for (auto& g : tiny.grads()) saved.push_back(g);
+  }
+  torch::save(saved, out + "/grads" + std::to_string(rank) + ".pt");
+  std::ofstream(out + "/launched" + std::to_string(rank) + ".txt") << launched_in_backward;
+}
+
+TEST_CASE("Bucketed all-reduce over Gloo: each rank's gradients are the mean of the ranks' gradients",
+          "[distributed][gloo]") {
+  const std::string dir = temp_dir("buckets");
+  const auto codes = run_workers(2, "buckets", dir);
+  INFO(worker_logs(dir, 2));
+  REQUIRE(codes == std::vector<int>{0, 0});
+
+  // Reference: one process, each micro-batch's gradients separately, averaged.
+  TinySetup tiny;
+  std::vector<torch::Tensor> expected;
+  for (int64_t step = 0; step < 3; ++step) {
+    tiny.backward(step * 2);
+    auto g0 = tiny.grads();
+    tiny.backward(step * 2 + 1);
+    auto g1 = tiny.grads();
+    for (size_t i = 0; i < g0.size(); ++i) expected.push_back((g0[i] + g1[i]) / 2);
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<torch::Tensor> got;
+    torch::load(got, dir + "/grads" + std::to_string(rank) + ".pt");
+    REQUIRE(got.size() == expected.size());
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double scale = std::max(1.0, expected[i].abs().max().item<double>());
+      worst = std::max(worst, (got[i] - expected[i]).abs().max().item<double>() / scale);
+    }
+    INFO("rank " << rank << ": largest relative difference " << worst);
+    CHECK(worst < 1e-5);
+  }
+  // The second step (after the first has shown which parameters get gradients) starts reductions mid-backward.
+  const int launched = std::stoi(read_text(dir + "/launched0.txt"));
+  CHECK(launched > 0);
+}
+
+TEST_CASE("A rank that dies makes the other fail with a clear error instead of hanging", "[distributed][gloo]") {
+  const std::string dir = temp_dir("die");
+  const auto codes = run_workers(2, "die", dir);
+  INFO(worker_logs(dir, 2));
+  CHECK(codes[1] == 3);
+  CHECK(codes[0] == 0);
+  const std::string error = read_text(dir + "/error.txt");
+  CHECK_THAT(error, Catch::Contains("all-reduce of test tensor failed on rank 0 of 2") && Catch::Contains("gloo"));
+}
+
+TEST_CASE("vlatune launch --nproc 2 -- train: the same weights as one process with grad_accum 2",
+          "[distributed][gloo][cli]") {
+  const std::string dir = temp_dir("train");
+  const std::string two = dir + "/two", one = dir + "/one";
+  const std::string port = std::to_string(free_port());
+  int rc = run_vlatune("launch --nproc 2 --master-port " + port + " -- train " + kTrainArgs +
+                           " --steps 3 --reduce-dtype fp32 --out " + two,
+                       dir + "/two.log");
+  INFO(read_text(dir + "/two.log"));
+  REQUIRE(rc == 0);
+  CHECK_THAT(read_text(dir + "/two.log"),
+             Catch::Contains("parameters identical on all 2 ranks") && Catch::Contains("batch 2 x 1 x 2 processes"));
+  rc = run_vlatune(std::string("train ") + kTrainArgs + " --steps 3 --grad-accum 2 --out " + one, dir + "/one.log");
+  INFO(read_text(dir + "/one.log"));
+  REQUIRE(rc == 0);
+  require_close(load_weights(two + "/final/model.safetensors"), load_weights(one + "/final/model.safetensors"), 1e-5);
+  CHECK_THAT(read_text(two + "/run.json"), Catch::Contains("\"world_size\": 2"));
+
+  // Resume the two-process run in one process (grad_accum 1 x 2 -> 2): the same as continuing the 1-process run.
+  rc = run_vlatune(std::string("train --resume ") + two + " --steps 4 --no-progress", dir + "/two-resume.log");
+  INFO(read_text(dir + "/two-resume.log"));
+  REQUIRE(rc == 0);
+  CHECK_THAT(read_text(dir + "/two-resume.log"), Catch::Contains("grad_accum 1 -> 2"));
+  rc = run_vlatune(std::string("train --resume ") + one + " --steps 4 --no-progress", dir + "/one-resume.log");
+  REQUIRE(rc == 0);
+  require_close(load_weights(two + "/final/model.safetensors"), load_weights(one + "/final/model.safetensors"), 1e-5);
+
+  // A world size that does not divide the global batch (2 micro-batches) is refused, before any rendezvous.
+  rc = run_vlatune("launch --nproc 3 -- train --resume " + one + " --steps 5 --no-progress", dir + "/bad.log");
+  INFO(read_text(dir + "/bad.log"));
+  CHECK(rc == 4);
+  CHECK_THAT(read_text(dir + "/bad.log"), Catch::Contains("cannot share them evenly"));
+}
+
+TEST_CASE("vlatune launch: a failing rank stops the others and is named", "[distributed][gloo][cli]") {
+  const std::string dir = temp_dir("fail");
+  const int rc =
+      run_vlatune("launch --nproc 2 -- train --resume " + dir + " --steps 2 --no-progress", dir + "/fail.log");
+  const std::string log = read_text(dir + "/fail.log");
+  INFO(log);
+  CHECK(rc == 4);  // the ranks' own exit code (bad input)
+  CHECK_THAT(log, Catch::Contains("launch: failed: rank") && Catch::Contains("exited with code 4"));
+}
+
+#endif  // VLATUNE_HAVE_GLOO
