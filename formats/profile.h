@@ -21,7 +21,10 @@
 //                     to backward, all modules), peak GiB per phase ("forward", "backward", "optimizer"); null
 //                     values where not measurable (CPU)
 //   modules[]         one row per module FQN (openpi names) or pseudo-module "<optimizer>", "<loss>", "<data>",
-//                     "<comm>", "<inputs>" (masks, positions, RoPE tables, time embedding from the batch); times are
+//                     "<comm>", "<inputs>" (masks, positions, RoPE tables, time embedding from the batch);
+//                     "inclusive" follows the scopes as they nest at run time, not the name tree: for Pi0.5 the
+//                     backbone layer's scope encloses the whole joint layer (the expert layer's scope opens
+//                     inside it) and the backbone self_attn's encloses the joint attention (both branches); times are
 //                     INCLUSIVE of child modules (a parent's forward_ms includes its children's), self_ms is the
 //                     exclusive time over all phases; sum(self_ms) = attributed GPU time. activation_bytes: allocator
 //                     growth across the module's forward that is still held when it returns (what recomputing it could

@@ -64,8 +64,13 @@ struct UnitSums {
   bool complete = true;  // every row found
 };
 
-UnitSums sum_rows(const BatchProfile& b, const std::vector<std::string>& aliases) {
+// A joint unit's backbone-named scope encloses the expert branch's work at run time (profile.h: rows are
+// inclusive of everything that ran inside the scope), so its first alias's rows already hold both branches;
+// the other aliases count only when the first has no rows.
+UnitSums sum_rows(const BatchProfile& b, const std::vector<std::string>& all_aliases) {
   UnitSums s;
+  std::vector<std::string> aliases = all_aliases;
+  if (aliases.size() > 1 && !rows_for(b, aliases[0]).empty()) aliases.resize(1);
   for (const std::string& alias : aliases) {
     const std::vector<int> rows = rows_for(b, alias);
     if (rows.empty()) s.complete = false;
