@@ -363,7 +363,7 @@ void Session::recompute_ab(formats::BatchProfile& b, const Timed& base) {
       const Timed t = time_steps(1, opt_.ab_steps);
       c.step_ms_delta = median(t.ms) - base_ms;
       c.peak_gib_delta = t.peak_gib - base.peak_gib;
-      if (c.peak_gib_delta < 0 == c.added && std::abs(c.peak_gib_delta) > 1e-3)
+      if ((c.peak_gib_delta < 0) == c.added && std::abs(c.peak_gib_delta) > 1e-3)
         c.ms_per_gib_saved = c.step_ms_delta / -c.peak_gib_delta;
       b.recompute.push_back(c);
     } catch (const c10::OutOfMemoryError&) {
