@@ -11,29 +11,16 @@
 #include <vector>
 
 #include "cli/cli.h"
+#include "cli_test_util.h"
 #include "model/safetensors_io.h"
 
 namespace {
 
-struct CliResult {
-  int code;
-  std::string out, err;
-};
-
-CliResult run_cli(std::vector<std::string> args) {
-  args.insert(args.begin(), "vlatune");
-  std::vector<const char*> argv;
-  for (const auto& a : args) argv.push_back(a.c_str());
-  std::ostringstream out, err;
-  const int code = vlatune::cli::run(static_cast<int>(argv.size()), argv.data(), out, err);
-  return {code, out.str(), err.str()};
-}
+using vlatune::test::CliResult;
+using vlatune::test::run_cli;
 
 std::string temp_dir() {
-  char templ[] = "/tmp/vlatune-cli-XXXXXX";
-  const char* dir = ::mkdtemp(templ);
-  REQUIRE(dir != nullptr);
-  return dir;
+  return vlatune::test::temp_dir("cli");
 }
 
 }  // namespace

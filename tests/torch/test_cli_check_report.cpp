@@ -12,31 +12,20 @@
 #include <vector>
 
 #include "cli/cli.h"
+#include "cli_test_util.h"
 #include "formats/json_io.h"
 #include "formats/recipe.h"
 #include "formats/run_record.h"
 
 namespace {
 
-struct CliResult {
-  int code;
-  std::string out, err;
-};
-
+using vlatune::test::CliResult;
 CliResult cli(std::vector<std::string> args) {
-  args.insert(args.begin(), "vlatune");
-  std::vector<const char*> argv;
-  for (const auto& a : args) argv.push_back(a.c_str());
-  std::ostringstream out, err;
-  const int code = vlatune::cli::run(static_cast<int>(argv.size()), argv.data(), out, err);
-  return {code, out.str(), err.str()};
+  return vlatune::test::run_cli(std::move(args));
 }
 
 std::string temp_dir() {
-  char templ[] = "/tmp/vlatune-cli-check-XXXXXX";
-  const char* dir = ::mkdtemp(templ);
-  REQUIRE(dir != nullptr);
-  return dir;
+  return vlatune::test::temp_dir("cli-check");
 }
 
 // 20 steps after 3 warm-up steps; step times around `ms` (+-0.4%).
