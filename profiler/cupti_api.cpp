@@ -58,6 +58,21 @@ const char* memcpy_name(uint8_t copy_kind) {
   }
 }
 
+// The fields every device record (kernel, memcpy, memset) carries under the same names.
+template <typename CuptiRecord>
+ActivityRecord device_record(ActivityKind kind, const char* name, const CuptiRecord& r) {
+  ActivityRecord a;
+  a.kind = kind;
+  a.name = name;
+  a.start_ns = r.start;
+  a.end_ns = r.end;
+  a.correlation_id = r.correlationId;
+  a.stream = r.streamId;
+  a.device = r.deviceId;
+  a.graph_node = r.graphNodeId;
+  return a;
+}
+
 class CuptiActivityApi final : public ActivityApi {
  public:
   ~CuptiActivityApi() override {
@@ -124,46 +139,20 @@ class CuptiActivityApi final : public ActivityApi {
         case CUPTI_ACTIVITY_KIND_KERNEL:
         case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
           const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-          ActivityRecord a;
-          a.kind = ActivityKind::kKernel;
-          a.name = k->name != nullptr ? k->name : "<unnamed kernel>";
-          a.start_ns = k->start;
-          a.end_ns = k->end;
-          a.correlation_id = k->correlationId;
-          a.stream = k->streamId;
-          a.device = k->deviceId;
-          a.graph_node = k->graphNodeId;
-          activities->push_back(std::move(a));
+          activities->push_back(
+              device_record(ActivityKind::kKernel, k->name != nullptr ? k->name : "<unnamed kernel>", *k));
           break;
         }
         case CUPTI_ACTIVITY_KIND_MEMCPY: {
           const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
-          ActivityRecord a;
-          a.kind = ActivityKind::kMemcpy;
-          a.name = memcpy_name(m->copyKind);
-          a.start_ns = m->start;
-          a.end_ns = m->end;
-          a.correlation_id = m->correlationId;
-          a.stream = m->streamId;
-          a.device = m->deviceId;
-          a.bytes = m->bytes;
-          a.graph_node = m->graphNodeId;
-          activities->push_back(std::move(a));
+          activities->push_back(device_record(ActivityKind::kMemcpy, memcpy_name(m->copyKind), *m));
+          activities->back().bytes = m->bytes;
           break;
         }
         case CUPTI_ACTIVITY_KIND_MEMSET: {
           const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
-          ActivityRecord a;
-          a.kind = ActivityKind::kMemset;
-          a.name = "memset";
-          a.start_ns = m->start;
-          a.end_ns = m->end;
-          a.correlation_id = m->correlationId;
-          a.stream = m->streamId;
-          a.device = m->deviceId;
-          a.bytes = m->bytes;
-          a.graph_node = m->graphNodeId;
-          activities->push_back(std::move(a));
+          activities->push_back(device_record(ActivityKind::kMemset, "memset", *m));
+          activities->back().bytes = m->bytes;
           break;
         }
         case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
