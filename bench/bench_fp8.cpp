@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "bench/gpu_timing.h"
+#include "kernels/fp8_ops.h"
+#include "kernels/fused_ops.h"
 #include "model/float8_linear.h"
 
 namespace {
@@ -46,6 +48,59 @@ void shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"M", "K", "N", "mode"});
 }
 
+// The GeGLU <-> FP8 boundary of the backbone MLP at batch 32 ([22,784, 2 x 16,384] merged), delayed scaling.
+// Arg fused: 0 = the unfused sequence (geglu -> cast; geglu backward -> cast of d merged + cast of the rebuilt
+// GeGLU output), 1 = the fused casts (kernels/fp8_ops.h fp8_geglu_*). Bytes: the fused kernels' traffic.
+void BM_fp8_geglu_cast(benchmark::State& state) {
+  if (!require_cuda(state)) return;
+#ifdef VLATUNE_HAVE_CUDA
+  namespace k = vlatune::kernels;
+  const int64_t rows = state.range(0), f = state.range(1);
+  const bool fused = state.range(2) != 0;
+  const auto opt = torch::TensorOptions().device(torch::kCUDA);
+  auto merged = torch::randn({rows, 2 * f}, opt.dtype(torch::kBFloat16));
+  auto grad = (torch::randn({rows, f}, opt) * 1e-3).to(torch::kBFloat16);
+  auto hist = torch::full({16}, 4.0f, opt.dtype(torch::kFloat32));
+  auto act_amax = torch::full({1}, 4.0f, opt.dtype(torch::kFloat32));
+  const auto e4 = opt.dtype(torch::kFloat8_e4m3fn), e5 = opt.dtype(torch::kFloat8_e5m2);
+  k::Fp8QuantOutputs fwd;
+  fwd.out = torch::empty({rows, f}, e4);
+  fwd.out_t = torch::empty({f, rows}, e4);
+  fwd.inv_scale = torch::empty({}, opt.dtype(torch::kFloat32));
+  fwd.amax_out = torch::zeros({1}, opt.dtype(torch::kFloat32));
+  k::Fp8GegluGradOutputs bwd;
+  bwd.grad_merged.out = torch::empty({rows, 2 * f}, e5);
+  bwd.grad_merged.out_t = torch::empty({2 * f, rows}, e5);
+  bwd.grad_merged.inv_scale = torch::empty({}, opt.dtype(torch::kFloat32));
+  bwd.grad_merged.amax_out = torch::zeros({1}, opt.dtype(torch::kFloat32));
+  bwd.act_t = torch::empty({f, rows}, e4);
+  bwd.act_inv_scale = torch::empty({}, opt.dtype(torch::kFloat32));
+  vlatune::bench::run_gpu_timed(state, [&] {
+    if (fused) {
+      k::fp8_geglu_quantize_into(merged, hist, 0, fwd);
+      k::fp8_geglu_backward_quantize_into(grad, merged, k::Fp8Format::kE5m2, hist, 0, act_amax, bwd);
+    } else {
+      k::fp8_quantize_into(k::geglu(merged), k::Fp8Format::kE4m3, hist, 0, fwd);
+      k::fp8_quantize_into(k::geglu_backward(grad, merged), k::Fp8Format::kE5m2, hist, 0, bwd.grad_merged);
+      k::Fp8QuantOutputs a;
+      a.out_t = bwd.act_t;
+      a.inv_scale = bwd.act_inv_scale;
+      k::fp8_quantize_into(k::geglu(merged), k::Fp8Format::kE4m3, act_amax, -1, a);
+    }
+  });
+  // Fused traffic: forward reads merged (4F B/row) and writes 2 x F; backward reads merged + grad (6F) and writes
+  // 2 x 2F + F.
+  const double bytes = static_cast<double>(rows) * f * (4 + 2 + 6 + 5);
+  state.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+#endif
+}
+
 }  // namespace
 
+BENCHMARK(BM_fp8_geglu_cast)
+    ->Args({22784, 16384, 0})
+    ->Args({22784, 16384, 1})
+    ->ArgNames({"rows", "F", "fused"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_fp8_linear_fwd_bwd)->Apply(shapes)->UseManualTime()->Unit(benchmark::kMillisecond);

@@ -21,6 +21,7 @@ Pi05& full_model() {
   static std::unique_ptr<Pi05> net = [] {
     auto m = std::make_unique<Pi05>(vlatune::model::Pi05Config::full(), torch::kCUDA, torch::kBFloat16);
     vlatune::model::init_weights(**m, 0);
+    (*m)->pack_merged_weights();  // as the trainer: merged GEMMs read their packed weights, no per-step at::cat
     return m;
   }();
   return *net;

@@ -2,13 +2,16 @@
 // DIR/trace.json.gz. Wiring only: the trainer builds the step, the profiler drives it through StepDriver.
 #include <CLI/CLI.hpp>
 
+#include <chrono>
 #include <memory>
+#include <optional>
 
 #include "cli/cli.h"
 #include "formats/fqn_pattern.h"
 #include "formats/json_error.h"
 #include "formats/recipe.h"
 #include "profiler/session.h"
+#include "trainer/distributed.h"
 #include "trainer/environment.h"
 #include "trainer/file_util.h"
 #include "trainer/train_step.h"
@@ -32,6 +35,8 @@ struct ProfileOptions {
   std::string recipe;
   std::string out;
   uint64_t seed = 42;
+  std::string dist_buckets = "groups";
+  double dist_timeout_s = 600;
 };
 
 static int profile(const ProfileOptions& o, std::ostream& log);
@@ -47,7 +52,37 @@ static int run_profile(const ProfileOptions& o, std::ostream& log) {
   }
 }
 
-static int profile(const ProfileOptions& o, std::ostream& log) {
+// Under `vlatune launch --nproc N` (or torchrun/Slurm): every rank runs the same session (its steps all-reduce
+// gradients, so all ranks must run them), rank 0 alone logs and writes profile.json with the communication
+// section; the GEMM timing (no collectives) runs on rank 0 only.
+static std::shared_ptr<trainer::ProcessGroup> join_process_group(const trainer::DistEnv& env, const ProfileOptions& o,
+                                                                 std::ostream& log) {
+  if (!(o.dist_timeout_s > 0)) throw BadInput("--dist-timeout must be > 0 seconds");
+  torch::Device device{torch::kCPU};
+  try {
+    device = trainer::bind_process_device(trainer::resolve_device("--device", o.device), env);
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(e.what());
+  }
+  if (device.is_cuda()) {
+    const std::string warning = trainer::set_nccl_environment();
+    if (!warning.empty()) log << "warning: " << warning << "\n";
+  }
+  return trainer::ProcessGroup::create(env, device,
+                                       std::chrono::milliseconds(static_cast<int64_t>(o.dist_timeout_s * 1000.0)));
+}
+
+static int profile(const ProfileOptions& o, std::ostream& caller_log) {
+  std::optional<trainer::DistEnv> env;
+  try {
+    env = trainer::dist_env_from_process();
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(std::string("distributed launch environment: ") + e.what());
+  }
+  const bool writer = !env || env->rank == 0;
+  std::ostream null_log(nullptr);  // ranks other than 0: output discarded (errors still end the process)
+  std::ostream& log = writer ? caller_log : null_log;
+  std::shared_ptr<trainer::ProcessGroup> dist = env ? join_process_group(*env, o, log) : nullptr;
   trainer::TrainOptions topt;
   topt.config = o.config;
   topt.data = o.data;
@@ -55,12 +90,15 @@ static int profile(const ProfileOptions& o, std::ostream& log) {
   topt.batch = o.batch;
   topt.seed = o.seed;
   topt.recipe_path = o.recipe;
+  topt.dist_buckets = o.dist_buckets;
+  topt.dist_timeout_s = o.dist_timeout_s;
   formats::Recipe recipe;
   if (!o.recipe.empty()) recipe = formats::read_recipe(o.recipe);
   recipe.batch.micro_batch = o.batch;  // the profiled recipe is what ran
   const std::string label = o.recipe.empty() ? std::string("<default recipe>") : o.recipe;
 
-  trainer::TrainingParts parts = trainer::build_training_parts(topt, recipe, label, /*load_init_weights=*/true, log);
+  trainer::TrainingParts parts =
+      trainer::build_training_parts(topt, recipe, label, /*load_init_weights=*/true, log, dist);
   const bool cuda = parts.device.is_cuda();
 
   profiler::ProfileOptions popt;
@@ -74,12 +112,17 @@ static int profile(const ProfileOptions& o, std::ostream& log) {
   popt.steps = o.steps;
   popt.trace_steps = o.trace_steps;
   popt.ab_steps = o.ab_steps;
-  popt.gemm_repetitions = o.gemm_reps;
+  popt.gemm_repetitions = writer ? o.gemm_reps : 0;
   popt.tracer = o.tracer;
-  popt.out_dir = o.out;
+  popt.out_dir = writer ? o.out : std::string();
   popt.data_label = o.data;
   popt.recipe = recipe;
-  popt.environment = trainer::capture_environment(parts.device, o.config, formats::recipe_hash(recipe), 1);
+  popt.environment =
+      trainer::capture_environment(parts.device, o.config, formats::recipe_hash(recipe), dist ? dist->size() : 1);
+  if (dist) {
+    popt.world_size = dist->size();
+    for (const auto& g : parts.buckets->groups()) popt.comm_groups.push_back({g.name, g.bytes});
+  }
   const std::vector<std::string> recomputable = parts.net->recomputable_fqns();
   for (size_t i = 0; i < o.candidates.size(); ++i) {
     // The user's pattern must name recomputable units (the trainer can recompute nothing else).
@@ -107,12 +150,18 @@ static int profile(const ProfileOptions& o, std::ostream& log) {
     for (const auto& item : parts.optimizer->state_dict().tensors) bytes += static_cast<int64_t>(item.second.nbytes());
     return bytes;
   };
-  trainer::make_directories(o.out);
+  if (writer) trainer::make_directories(o.out);
   log << "vlatune profile: " << o.config << " Pi0.5 on " << parts.device << ", " << parts.source->describe()
       << ", batches";
   for (auto b : popt.batches) log << " " << b;
-  log << ", recompute " << parts.applied.recompute.size() << " module(s)" << std::endl;
+  log << ", recompute " << parts.applied.recompute.size() << " module(s)";
+  if (dist)
+    log << ", " << dist->size() << " processes (" << dist->backend_name() << "), gradients in "
+        << parts.buckets->groups().size() << " bucket(s)"
+        << (o.dist_buckets == "one" ? ", one all-reduce after backward" : ", all-reduced per group during backward");
+  log << std::endl;
   profiler::run_profile(*parts.net, driver, popt, log);
+  if (dist) dist->barrier("end-of-profile barrier");  // rank 0 times GEMMs alone; the others wait for it
   return kExitOk;
 }
 
@@ -145,6 +194,14 @@ void setup_profile(CLI::App& app, Context& ctx) {
   cmd->add_option("--recipe", opts->recipe, "recipe.json to profile under")->check(CLI::ExistingFile);
   cmd->add_option("--seed", opts->seed, "Seed of the weights and the synthetic data");
   cmd->add_option("--out", opts->out, "Output directory")->required();
+  // Data-parallel (under `vlatune launch --nproc N`): profile.json gets the communication section.
+  cmd->add_option("--dist-buckets", opts->dist_buckets,
+                  "groups: all-reduce each recipe group as its backward ends (default); one: one bucket after "
+                  "backward")
+      ->check(CLI::IsMember({"groups", "one"}));
+  cmd->add_option("--dist-timeout", opts->dist_timeout_s,
+                  "Seconds a collective or the rendezvous may take before the run fails (default 600)")
+      ->check(CLI::Range(0.1, 86400.0));
   cmd->callback([&ctx, opts] { ctx.action = [opts, &ctx] { return run_profile(*opts, ctx.err); }; });
 }
 

@@ -18,6 +18,7 @@ struct TrainCliOptions {
   std::string precision, reduce_dtype;
   double decay_lr = 0;
   bool no_progress = false;
+  bool no_save = false;
 };
 
 int run_train(TrainCliOptions& o, CLI::App& cmd, Context& ctx) {
@@ -29,6 +30,7 @@ int run_train(TrainCliOptions& o, CLI::App& cmd, Context& ctx) {
   if (cmd.count("--reduce-dtype")) t.reduce_dtype = o.reduce_dtype;
   if (cmd.count("--decay-lr")) t.decay_lr = o.decay_lr;
   if (o.no_progress) t.progress_bar = false;
+  if (o.no_save) t.save = false;
   if (!t.resume.empty() && (cmd.count("--out") || cmd.count("--config") || cmd.count("--data") ||
                             cmd.count("--recipe") || cmd.count("--batch")))
     throw BadInput(
@@ -89,6 +91,8 @@ void setup_train(CLI::App& app, Context& ctx) {
   cmd->add_option("--checkpoint-every", t.checkpoint_every, "Steps between checkpoints (0: only the last)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   cmd->add_option("--keep-last", t.keep_last, "Checkpoints kept")->check(CLI::Range(1, 1000));
+  cmd->add_flag("--no-save", o->no_save,
+                "Write no checkpoint and no final weights (benchmark runs): run.json and metrics.jsonl only");
   cmd->add_option("--timing-warmup", t.timing_warmup, "Steps left out of run.json's timing statistics")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   cmd->add_option("--workers", t.workers, "Data loader threads")->check(CLI::Range(1, 256));

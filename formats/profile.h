@@ -45,7 +45,10 @@
 // not divisible by 16); quant_ms: the FP8 quantization cost per step for this GEMM as the trainer runs it.
 //
 // overhead: untraced vs traced median step time; fraction = traced / untraced - 1.
-// communication (multi-GPU only): measured all-reduce bandwidth and exposed communication per step.
+// communication (multi-GPU only; `vlatune profile` under `vlatune launch --nproc N`, profiler/comm_stats.h):
+//   world_size (>= 2); groups[] in launch order: name, bytes all-reduced per step, allreduce_ms (NCCL kernel time
+//   per step, median over the traced steps); allreduce_gbps: bus bandwidth sum(bytes) x 2 (n-1)/n / sum(ms);
+//   exposed_ms: end of the last NCCL kernel minus end of the last backward compute kernel (>= 0), median per step.
 #pragma once
 
 #include <cstdint>

@@ -2,7 +2,6 @@
 // Torch-free: raw pointers, a stream, VLATUNE_CUDA_CHECK.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <nvtx3/nvToolsExt.h>
 
 #include <cmath>
 #include <cstdint>
@@ -11,10 +10,17 @@
 
 #include "kernels/adamw.h"
 #include "kernels/cuda_check.h"
+#include "kernels/fused_device.cuh"
 
 namespace vlatune::kernels {
 
 namespace {
+
+// Shared with the fused kernels: ATen's fp32 <-> bf16 rounding, the deterministic block sum (fixed order), NVTX.
+using fused_detail::block_sum_all;
+using fused_detail::from_float;
+using fused_detail::NvtxRange;
+using fused_detail::to_float;
 
 // Work split. A block owns one chunk of one tensor; the (tensor, chunk) table of a launch travels in the kernel
 // parameters (no host->device copy, no sync), which CUDA >= 12.1 allows up to 32,764 bytes on sm_70+.
@@ -74,23 +80,6 @@ template <typename T, int N>
 struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Pack {
   T v[N];
 };
-
-__device__ __forceinline__ float to_float(float x) {
-  return x;
-}
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);  // round to nearest even, as ATen's float -> bf16 conversion
-}
 
 template <int N, typename T>
 __device__ __forceinline__ bool vec_aligned(const T* ptr) {
@@ -168,20 +157,6 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
-// Sum of a block's values; the result is valid in thread 0. Fixed reduction order: deterministic.
-__device__ __forceinline__ float block_sum(float x) {
-  __shared__ float warp_sums[32];
-  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_down_sync(0xffffffffu, x, offset);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) warp_sums[warp] = x;
-  __syncthreads();
-  if (warp == 0) {
-    x = lane < static_cast<int>(blockDim.x >> 5) ? warp_sums[lane] : 0.f;
-    for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_down_sync(0xffffffffu, x, offset);
-  }
-  return x;
-}
-
 template <typename T>
 __global__ void __launch_bounds__(kBlock)
     sum_squares_multi_tensor_kernel(const __grid_constant__ NormTable table, float* partials) {
@@ -207,7 +182,7 @@ __global__ void __launch_bounds__(kBlock)
     const float f = to_float(x[i]);
     acc += f * f;
   }
-  acc = block_sum(acc);
+  acc = block_sum_all(acc);
   if (threadIdx.x == 0) partials[table.partial_offset + blockIdx.x] = acc;
 }
 
@@ -215,16 +190,9 @@ __global__ void __launch_bounds__(kFinalizeBlock)
     sum_partials_kernel(const float* partials, int64_t count, float* out) {
   float acc = 0.f;
   for (int64_t i = threadIdx.x; i < count; i += blockDim.x) acc += partials[i];
-  acc = block_sum(acc);
+  acc = block_sum_all(acc);
   if (threadIdx.x == 0) out[0] = acc;
 }
-
-struct NvtxRange {
-  explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
-  ~NvtxRange() { nvtxRangePop(); }
-  NvtxRange(const NvtxRange&) = delete;
-  NvtxRange& operator=(const NvtxRange&) = delete;
-};
 
 int64_t chunks_of(int64_t numel) {
   return (numel + kChunk - 1) / kChunk;

@@ -57,4 +57,28 @@ bool fp8_quantize_supported(int64_t rows, int64_t cols);
 void launch_fp8_amax(const Fp8AmaxParams& p, CUstream_st* stream);
 void launch_fp8_quantize(const Fp8QuantParams& p, CUstream_st* stream);
 
+// The GeGLU producer writing FP8 directly: launch_fp8_quantize of act = geglu(merged) without act in memory.
+// p.x is merged [rows, 2 * cols] (gate columns, then up columns; contiguous), p.cols the GeGLU width F. act is
+// rounded to p.dtype before the cast, exactly as the geglu kernel stores it, so the bytes equal
+// launch_fp8_quantize(geglu(merged)). With no output pointer (out, out_t) set, only amax_out is written: the amax
+// pass of current scaling.
+void launch_fp8_geglu_quantize(const Fp8QuantParams& p, CUstream_st* stream);
+
+// The GeGLU backward, quantized, in one pass over merged [rows, 2F] and grad [rows, F] (dL/d act):
+//   grad_merged = [d gate | d up] (values as the geglu backward kernel rounds them) cast per `grad_merged`
+//     (format e5m2 usually; x = merged, cols = F; out [rows, 2F] and out_t [2F, rows] with their ld; amax_out,
+//     inv_scale_out, amax_used_out as in launch_fp8_quantize; amax_in / amax_skip: its scale);
+//   act^T = geglu(merged)^T cast to e4m3 with scale = 448 / act_amax_in[0] into act_t [F, rows] (row stride
+//     act_t_ld bytes) and act_inv_scale_out[0] = 1 / scale: the down projection's saved input, recomputed.
+// No output set in grad_merged (out, out_t) and act_t null: only grad_merged's amax (current scaling's first pass).
+struct Fp8GegluBwdParams {
+  Fp8QuantParams grad_merged;
+  const void* grad = nullptr;
+  const float* act_amax_in = nullptr;
+  void* act_t = nullptr;  // or null
+  int64_t act_t_ld = 0;
+  float* act_inv_scale_out = nullptr;  // or null
+};
+void launch_fp8_geglu_backward_quantize(const Fp8GegluBwdParams& p, CUstream_st* stream);
+
 }  // namespace vlatune::kernels

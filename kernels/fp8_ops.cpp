@@ -2,6 +2,7 @@
 // FP8 GEMM (at::_scaled_mm; a dequantize-and-multiply emulation on the CPU). Contract: fp8_ops.h, fp8.h.
 #include <ATen/ATen.h>
 
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -42,23 +43,29 @@ void check_fp32_scalar(const char* name, const at::Tensor& t, const at::Tensor& 
     fail(std::string(name) + " must be one fp32 element on " + x.device().str(), t);
 }
 
-void check_outputs(const at::Tensor& x, Fp8Format format, const at::Tensor& amax_in, const Fp8QuantOutputs& o) {
-  if (!x.defined() || x.dim() != 2 || !x.is_contiguous() || !at::isFloatingType(x.scalar_type()))
-    fail("x must be a contiguous floating [rows, cols] tensor", x);
-  if (x.size(0) % 16 != 0 || x.size(1) % 16 != 0) fail("rows and cols must be multiples of 16 (FP8 GEMM operands)", x);
+// The outputs of a cast of a [rows, cols] tensor on `device` (x: named in messages).
+void check_cast_outputs(int64_t rows, int64_t cols, const at::Tensor& x, Fp8Format format, const at::Tensor& amax_in,
+                        const Fp8QuantOutputs& o) {
   if (!amax_in.defined() || amax_in.dim() != 1 || amax_in.numel() < 1 || amax_in.scalar_type() != at::kFloat ||
       !amax_in.is_contiguous() || amax_in.device() != x.device())
     fail("amax_in must be a contiguous 1-D fp32 tensor on " + x.device().str(), amax_in);
   const auto dt = fp8_dtype(format);
-  if (o.out.defined() &&
-      (o.out.sizes() != x.sizes() || o.out.scalar_type() != dt || o.out.stride(1) != 1 || o.out.device() != x.device()))
+  if (o.out.defined() && (o.out.size(0) != rows || o.out.size(1) != cols || o.out.dim() != 2 ||
+                          o.out.scalar_type() != dt || o.out.stride(1) != 1 || o.out.device() != x.device()))
     fail("out must be [rows, cols] " + std::string(c10::toString(dt)) + " with a contiguous last dim", o.out);
-  if (o.out_t.defined() && (o.out_t.size(0) != x.size(1) || o.out_t.size(1) != x.size(0) ||
+  if (o.out_t.defined() && (o.out_t.dim() != 2 || o.out_t.size(0) != cols || o.out_t.size(1) != rows ||
                             o.out_t.scalar_type() != dt || o.out_t.stride(1) != 1 || o.out_t.device() != x.device()))
     fail("out_t must be [cols, rows] " + std::string(c10::toString(dt)) + " with a contiguous last dim", o.out_t);
   check_fp32_scalar("amax_out", o.amax_out, x);
   check_fp32_scalar("inv_scale", o.inv_scale, x);
   check_fp32_scalar("amax_used", o.amax_used, x);
+}
+
+void check_outputs(const at::Tensor& x, Fp8Format format, const at::Tensor& amax_in, const Fp8QuantOutputs& o) {
+  if (!x.defined() || x.dim() != 2 || !x.is_contiguous() || !at::isFloatingType(x.scalar_type()))
+    fail("x must be a contiguous floating [rows, cols] tensor", x);
+  if (x.size(0) % 16 != 0 || x.size(1) % 16 != 0) fail("rows and cols must be multiples of 16 (FP8 GEMM operands)", x);
+  check_cast_outputs(x.size(0), x.size(1), x, format, amax_in, o);
 }
 
 }  // namespace
@@ -130,6 +137,155 @@ void fp8_quantize_into(const at::Tensor& x, Fp8Format format, const at::Tensor& 
   p.inv_scale_out = o.inv_scale.defined() ? o.inv_scale.data_ptr<float>() : nullptr;
   p.amax_used_out = o.amax_used.defined() ? o.amax_used.data_ptr<float>() : nullptr;
   launch_fp8_quantize(p, c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+#endif
+}
+
+namespace {
+
+// merged [rows, 2F] contiguous floating with rows, F multiples of 16 (the cast kernels' tiles and the FP8 GEMMs).
+void check_merged(const at::Tensor& merged, const char* op) {
+  if (!merged.defined() || merged.dim() != 2 || !merged.is_contiguous() || !at::isFloatingType(merged.scalar_type()) ||
+      merged.size(1) % 32 != 0 || merged.size(0) % 16 != 0)
+    throw std::invalid_argument(std::string(op) +
+                                ": merged must be a contiguous floating [rows, 2F] tensor with rows and F " +
+                                "multiples of 16, got " + describe(merged));
+}
+
+bool geglu_cast_kernel_applies(const at::Tensor& merged) {
+  return kernel_applies(merged) && merged.data_ptr() != nullptr &&
+         reinterpret_cast<uintptr_t>(merged.data_ptr()) % 16 == 0;
+}
+
+#ifdef VLATUNE_HAVE_CUDA
+void fill_outputs(Fp8QuantParams& p, const Fp8QuantOutputs& o) {
+  if (o.out.defined()) p.out = o.out.data_ptr(), p.out_ld = o.out.stride(0);
+  if (o.out_t.defined()) p.out_t = o.out_t.data_ptr(), p.out_t_ld = o.out_t.stride(0);
+  p.amax_out = o.amax_out.defined() ? o.amax_out.data_ptr<float>() : nullptr;
+  p.inv_scale_out = o.inv_scale.defined() ? o.inv_scale.data_ptr<float>() : nullptr;
+  p.amax_used_out = o.amax_used.defined() ? o.amax_used.data_ptr<float>() : nullptr;
+}
+#endif
+
+}  // namespace
+
+void fp8_geglu_quantize_into(const at::Tensor& merged, const at::Tensor& amax_in, int64_t amax_skip,
+                             const Fp8QuantOutputs& o) {
+  check_merged(merged, "fp8_geglu_quantize");
+  if (!geglu_cast_kernel_applies(merged))
+    return fp8_quantize_into_ref(geglu(merged), Fp8Format::kE4m3, amax_in, amax_skip, o);
+  const int64_t f = merged.size(1) / 2;
+  check_cast_outputs(merged.size(0), f, merged, Fp8Format::kE4m3, amax_in, o);
+#ifdef VLATUNE_HAVE_CUDA
+  const c10::cuda::CUDAGuard guard(merged.device());
+  Fp8QuantParams p;
+  p.dtype = act_dtype(merged);
+  p.format = Fp8Format::kE4m3;
+  p.rows = merged.size(0);
+  p.cols = f;
+  p.x = merged.const_data_ptr();
+  p.amax_in = amax_in.const_data_ptr<float>();
+  p.amax_count = static_cast<int>(amax_in.numel());
+  p.amax_skip = static_cast<int>(amax_skip);
+  fill_outputs(p, o);
+  launch_fp8_geglu_quantize(p, c10::cuda::getCurrentCUDAStream(merged.device().index()).stream());
+#endif
+}
+
+void fp8_geglu_amax_into(const at::Tensor& merged, const at::Tensor& amax) {
+  check_merged(merged, "fp8_geglu_amax");
+  check_fp32_scalar("amax", amax, merged);
+  if (!amax.defined()) fail("amax is required", amax);
+  if (!geglu_cast_kernel_applies(merged)) return fp8_amax_into(geglu(merged), amax);
+#ifdef VLATUNE_HAVE_CUDA
+  const c10::cuda::CUDAGuard guard(merged.device());
+  Fp8QuantParams p;
+  p.dtype = act_dtype(merged);
+  p.rows = merged.size(0);
+  p.cols = merged.size(1) / 2;
+  p.x = merged.const_data_ptr();
+  p.amax_out = amax.data_ptr<float>();  // no outputs: the amax pass only
+  launch_fp8_geglu_quantize(p, c10::cuda::getCurrentCUDAStream(merged.device().index()).stream());
+#endif
+}
+
+namespace {
+
+void check_grad(const at::Tensor& grad, const at::Tensor& merged, const char* op) {
+  check_merged(merged, op);
+  if (!grad.defined() || grad.dim() != 2 || !grad.is_contiguous() || grad.scalar_type() != merged.scalar_type() ||
+      grad.size(0) != merged.size(0) || grad.size(1) * 2 != merged.size(1) || grad.device() != merged.device())
+    throw std::invalid_argument(std::string(op) + ": grad must be contiguous [rows, F] like merged (" +
+                                describe(merged) + "), got " + describe(grad));
+}
+
+#ifdef VLATUNE_HAVE_CUDA
+Fp8GegluBwdParams geglu_bwd_params(const at::Tensor& grad, const at::Tensor& merged, Fp8Format format) {
+  Fp8GegluBwdParams p;
+  p.grad_merged.dtype = act_dtype(merged);
+  p.grad_merged.format = format;
+  p.grad_merged.rows = merged.size(0);
+  p.grad_merged.cols = merged.size(1) / 2;
+  p.grad_merged.x = merged.const_data_ptr();
+  p.grad = grad.const_data_ptr();
+  return p;
+}
+#endif
+
+}  // namespace
+
+void fp8_geglu_backward_quantize_into(const at::Tensor& grad, const at::Tensor& merged, Fp8Format format,
+                                      const at::Tensor& amax_in, int64_t amax_skip, const at::Tensor& act_amax,
+                                      const Fp8GegluGradOutputs& o) {
+  const char* op = "fp8_geglu_backward_quantize";
+  check_grad(grad, merged, op);
+  const int64_t rows = merged.size(0), f = merged.size(1) / 2;
+  check_cast_outputs(rows, 2 * f, merged, format, amax_in, o.grad_merged);
+  if (o.act_t.defined() &&
+      (o.act_t.dim() != 2 || o.act_t.size(0) != f || o.act_t.size(1) != rows ||
+       o.act_t.scalar_type() != at::kFloat8_e4m3fn || o.act_t.stride(1) != 1 || o.act_t.device() != merged.device()))
+    fail("act_t must be [F, rows] Float8_e4m3fn with a contiguous last dim", o.act_t);
+  if (o.act_t.defined() || o.act_inv_scale.defined()) {
+    if (!act_amax.defined() || act_amax.numel() != 1 || act_amax.scalar_type() != at::kFloat ||
+        act_amax.device() != merged.device())
+      fail("act_amax must be one fp32 element on " + merged.device().str(), act_amax);
+  }
+  check_fp32_scalar("act_inv_scale", o.act_inv_scale, merged);
+  if (!geglu_cast_kernel_applies(merged) || !geglu_cast_kernel_applies(grad)) {
+    fp8_quantize_into_ref(geglu_backward(grad, merged), format, amax_in, amax_skip, o.grad_merged);
+    if (o.act_t.defined() || o.act_inv_scale.defined()) {
+      Fp8QuantOutputs a;
+      a.out_t = o.act_t;
+      a.inv_scale = o.act_inv_scale;
+      fp8_quantize_into_ref(geglu(merged), Fp8Format::kE4m3, act_amax.reshape({1}), -1, a);
+    }
+    return;
+  }
+#ifdef VLATUNE_HAVE_CUDA
+  const c10::cuda::CUDAGuard guard(merged.device());
+  Fp8GegluBwdParams p = geglu_bwd_params(grad, merged, format);
+  p.grad_merged.amax_in = amax_in.const_data_ptr<float>();
+  p.grad_merged.amax_count = static_cast<int>(amax_in.numel());
+  p.grad_merged.amax_skip = static_cast<int>(amax_skip);
+  fill_outputs(p.grad_merged, o.grad_merged);
+  if (o.act_t.defined()) p.act_t = o.act_t.data_ptr(), p.act_t_ld = o.act_t.stride(0);
+  if (act_amax.defined()) p.act_amax_in = act_amax.const_data_ptr<float>();
+  p.act_inv_scale_out = o.act_inv_scale.defined() ? o.act_inv_scale.data_ptr<float>() : nullptr;
+  launch_fp8_geglu_backward_quantize(p, c10::cuda::getCurrentCUDAStream(merged.device().index()).stream());
+#endif
+}
+
+void fp8_geglu_backward_amax_into(const at::Tensor& grad, const at::Tensor& merged, const at::Tensor& amax) {
+  const char* op = "fp8_geglu_backward_amax";
+  check_grad(grad, merged, op);
+  if (!amax.defined()) fail("amax is required", amax);
+  check_fp32_scalar("amax", amax, merged);
+  if (!geglu_cast_kernel_applies(merged) || !geglu_cast_kernel_applies(grad))
+    return fp8_amax_into(geglu_backward(grad, merged), amax);
+#ifdef VLATUNE_HAVE_CUDA
+  const c10::cuda::CUDAGuard guard(merged.device());
+  Fp8GegluBwdParams p = geglu_bwd_params(grad, merged, Fp8Format::kE5m2);
+  p.grad_merged.amax_out = amax.data_ptr<float>();  // no outputs: the amax pass only
+  launch_fp8_geglu_backward_quantize(p, c10::cuda::getCurrentCUDAStream(merged.device().index()).stream());
 #endif
 }
 

@@ -31,6 +31,32 @@ void fp8_quantize_into(const at::Tensor& x, Fp8Format format, const at::Tensor& 
 void fp8_quantize_into_ref(const at::Tensor& x, Fp8Format format, const at::Tensor& amax_in, int64_t amax_skip,
                            const Fp8QuantOutputs& outputs);
 
+// The GeGLU producer writing FP8 (fp8.h launch_fp8_geglu_quantize): act = geglu(merged) [rows, F] cast to e4m3
+// exactly as fp8_quantize_into(geglu(merged), kE4m3, amax_in, amax_skip, outputs) would, without act in memory
+// (kernel on CUDA for contiguous bf16/fp32 merged with rows and F multiples of 16; that composition elsewhere).
+void fp8_geglu_quantize_into(const at::Tensor& merged, const at::Tensor& amax_in, int64_t amax_skip,
+                             const Fp8QuantOutputs& outputs);
+// amax[0] = max(amax[0], max |geglu(merged)|).
+void fp8_geglu_amax_into(const at::Tensor& merged, const at::Tensor& amax);
+
+// The GeGLU backward, quantized (fp8.h launch_fp8_geglu_backward_quantize): from grad = dL/d geglu(merged) [rows, F]
+// and merged [rows, 2F], in one pass:
+//   grad_merged = geglu_backward(grad, merged) [rows, 2F] cast to `format` with scale from amax_in / amax_skip into
+//     grad_merged.{out [rows, 2F], out_t [2F, rows], amax_out, inv_scale, amax_used} (any may be undefined);
+//   act_t [F, rows] = geglu(merged)^T in e4m3 with scale 448 / act_amax[0], and act_inv_scale = 1 / that scale.
+// Equal byte for byte to fp8_quantize_into(geglu_backward(grad, merged), ...) and
+// fp8_quantize_into(geglu(merged), kE4m3, act_amax, -1, {out_t = act_t}); that composition on the CPU.
+struct Fp8GegluGradOutputs {
+  Fp8QuantOutputs grad_merged;
+  at::Tensor act_t;          // [F, rows] e4m3, last dim contiguous, or undefined
+  at::Tensor act_inv_scale;  // one fp32 element, or undefined
+};
+void fp8_geglu_backward_quantize_into(const at::Tensor& grad, const at::Tensor& merged, Fp8Format format,
+                                      const at::Tensor& amax_in, int64_t amax_skip, const at::Tensor& act_amax,
+                                      const Fp8GegluGradOutputs& outputs);
+// amax[0] = max(amax[0], max |geglu_backward(grad, merged)|).
+void fp8_geglu_backward_amax_into(const at::Tensor& grad, const at::Tensor& merged, const at::Tensor& amax);
+
 // Current scaling in one call: amax pass + cast pass. Returns the requested layouts and the dequantization scale.
 struct Fp8Tensor {
   at::Tensor data;       // [rows, cols] row-major, when requested

@@ -15,10 +15,14 @@
 
 namespace vlatune::kernels {
 
+using fused_detail::from_float;
+using fused_detail::gelu_tanh;
+using fused_detail::gelu_tanh_grad;
 using fused_detail::kVec;
 using fused_detail::load_pack;
 using fused_detail::NvtxRange;
 using fused_detail::Pack;
+using fused_detail::round_to;
 using fused_detail::to_float;
 
 namespace {
@@ -75,22 +79,30 @@ __global__ void __launch_bounds__(kThreads) fp8_amax_kernel(const Fp8AmaxParams 
   if (threadIdx.x == 0) atomic_max_nonneg(p.amax_out, m);
 }
 
-template <typename T, Fp8Format F>
+// scale = fp8_max / max(amax_in[i], i != skip); 1 when that is 0, not finite, or amax_in is null (amax-only passes).
+__device__ __forceinline__ float scale_from(const float* amax_in, int count, int skip, float fmax, float* amax_used) {
+  float amax = 0.f;
+  if (amax_in != nullptr)
+    for (int i = 0; i < count; ++i)
+      if (i != skip) amax = fmaxf(amax, amax_in[i]);
+  if (amax_used != nullptr) *amax_used = amax;
+  return (amax > 0.f && isfinite(amax)) ? __fdiv_rn(fmax, amax) : 1.f;
+}
+
+// kGeglu: x is merged [rows, 2 * cols] and the value cast is geglu(merged), rounded to T as the geglu kernel
+// stores it; otherwise x is [rows, cols].
+template <typename T, Fp8Format F, bool kGeglu>
 __global__ void __launch_bounds__(kThreads) fp8_quant_kernel(const Fp8QuantParams p) {
   constexpr int V = kVec<T>;             // elements per 16-byte load: 8 bf16, 4 fp32
   constexpr int kVecPerRow = kTile / V;  // vectors per tile row
   __shared__ float s_scale;
   __shared__ __align__(16) uint8_t tile[kTile][kTile + 16];  // FP8 tile for the transposed write
   if (threadIdx.x == 0) {
-    float amax = 0.f;
-    for (int i = 0; i < p.amax_count; ++i)
-      if (i != p.amax_skip) amax = fmaxf(amax, p.amax_in[i]);
-    const float scale = (amax > 0.f && isfinite(amax)) ? __fdiv_rn(fp8_max_value(F), amax) : 1.f;
+    const bool first = blockIdx.x == 0 && blockIdx.y == 0;
+    const float scale =
+        scale_from(p.amax_in, p.amax_count, p.amax_skip, fp8_max_value(F), first ? p.amax_used_out : nullptr);
     s_scale = scale;
-    if (blockIdx.x == 0 && blockIdx.y == 0) {
-      if (p.inv_scale_out != nullptr) p.inv_scale_out[0] = __fdiv_rn(1.f, scale);
-      if (p.amax_used_out != nullptr) p.amax_used_out[0] = amax;
-    }
+    if (first && p.inv_scale_out != nullptr) p.inv_scale_out[0] = __fdiv_rn(1.f, scale);
   }
   __syncthreads();
   const float scale = s_scale;
@@ -104,7 +116,15 @@ __global__ void __launch_bounds__(kThreads) fp8_quant_kernel(const Fp8QuantParam
     const int r = i / kVecPerRow, c = (i % kVecPerRow) * V;
     const int64_t gr = row0 + r, gc = col0 + c;
     if (gr >= p.rows || gc >= p.cols) continue;  // rows and cols are multiples of 16: vectors are whole
-    const Pack<T, V> v = load_pack(x + gr * p.cols + gc, 0);
+    Pack<T, V> v;
+    if constexpr (kGeglu) {
+      const T* row = x + gr * 2 * p.cols;
+      const Pack<T, V> g = load_pack(row + gc, 0), u = load_pack(row + p.cols + gc, 0);
+#pragma unroll
+      for (int k = 0; k < V; ++k) v.v[k] = from_float<T>(round_to<T>(gelu_tanh(to_float(g.v[k]))) * to_float(u.v[k]));
+    } else {
+      v = load_pack(x + gr * p.cols + gc, 0);
+    }
     Pack<uint8_t, V> q;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
@@ -133,14 +153,115 @@ __global__ void __launch_bounds__(kThreads) fp8_quant_kernel(const Fp8QuantParam
   }
 }
 
-template <typename T>
+// The GeGLU backward, cast: one 64 x 64 tile of the GeGLU width per block; d gate, d up and the recomputed GeGLU
+// output take three shared-memory tiles for their transposed writes.
+template <typename T, Fp8Format F>
+__global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluBwdParams bp) {
+  const Fp8QuantParams& p = bp.grad_merged;
+  constexpr int V = kVec<T>;
+  constexpr int kVecPerRow = kTile / V;
+  __shared__ float s_scale, s_act_scale;
+  __shared__ __align__(16) uint8_t tile_g[kTile][kTile + 16];
+  __shared__ __align__(16) uint8_t tile_u[kTile][kTile + 16];
+  __shared__ __align__(16) uint8_t tile_a[kTile][kTile + 16];
+  if (threadIdx.x == 0) {
+    const bool first = blockIdx.x == 0 && blockIdx.y == 0;
+    const float scale =
+        scale_from(p.amax_in, p.amax_count, p.amax_skip, fp8_max_value(F), first ? p.amax_used_out : nullptr);
+    const float act_scale = scale_from(bp.act_amax_in, 1, -1, fp8_max_value(Fp8Format::kE4m3), nullptr);
+    s_scale = scale;
+    s_act_scale = act_scale;
+    if (first && p.inv_scale_out != nullptr) p.inv_scale_out[0] = __fdiv_rn(1.f, scale);
+    if (first && bp.act_inv_scale_out != nullptr) bp.act_inv_scale_out[0] = __fdiv_rn(1.f, act_scale);
+  }
+  __syncthreads();
+  const float scale = s_scale, act_scale = s_act_scale;
+  const T* merged = static_cast<const T*>(p.x);
+  const T* grad = static_cast<const T*>(bp.grad);
+  uint8_t* out = static_cast<uint8_t*>(p.out);
+  uint8_t* out_t = static_cast<uint8_t*>(p.out_t);
+  uint8_t* act_t = static_cast<uint8_t*>(bp.act_t);
+  const int64_t f = p.cols;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kTile, col0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  float m = 0.f;
+#pragma unroll
+  for (int i = threadIdx.x; i < kTile * kVecPerRow; i += kThreads) {
+    const int r = i / kVecPerRow, c = (i % kVecPerRow) * V;
+    const int64_t gr = row0 + r, gc = col0 + c;
+    if (gr >= p.rows || gc >= f) continue;
+    const T* row = merged + gr * 2 * f;
+    const Pack<T, V> g = load_pack(row + gc, 0), u = load_pack(row + f + gc, 0);
+    const Pack<T, V> dy = load_pack(grad + gr * f + gc, 0);
+    Pack<uint8_t, V> qg, qu, qa;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      // The geglu backward kernel's values (fused.h), rounded to T where it stores them.
+      const float x = to_float(g.v[k]), up = to_float(u.v[k]), d = to_float(dy.v[k]);
+      const float gelu = round_to<T>(gelu_tanh(x));
+      const float dg = round_to<T>(gelu_tanh_grad(round_to<T>(d * up), x));
+      const float du = round_to<T>(d * gelu);
+      const float act = round_to<T>(gelu * up);
+      m = fmaxf(m, fmaxf(fabsf(dg), fabsf(du)));
+      qg.v[k] = cast_fp8<F>(__fmul_rn(dg, scale));
+      qu.v[k] = cast_fp8<F>(__fmul_rn(du, scale));
+      qa.v[k] = cast_fp8<Fp8Format::kE4m3>(__fmul_rn(act, act_scale));
+    }
+    if (out != nullptr) {
+      *reinterpret_cast<Pack<uint8_t, V>*>(out + gr * p.out_ld + gc) = qg;
+      *reinterpret_cast<Pack<uint8_t, V>*>(out + gr * p.out_ld + f + gc) = qu;
+    }
+    if (out_t != nullptr) {
+      *reinterpret_cast<Pack<uint8_t, V>*>(&tile_g[r][c]) = qg;
+      *reinterpret_cast<Pack<uint8_t, V>*>(&tile_u[r][c]) = qu;
+    }
+    if (act_t != nullptr) *reinterpret_cast<Pack<uint8_t, V>*>(&tile_a[r][c]) = qa;
+  }
+  if (out_t != nullptr || act_t != nullptr) {
+    __syncthreads();
+    const int c = threadIdx.x / (kTile / 16), r = (threadIdx.x % (kTile / 16)) * 16;
+    const int64_t gr = row0 + r, gc = col0 + c;
+    if (gr < p.rows && gc < f) {
+      Pack<uint8_t, 16> q;
+      if (out_t != nullptr) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) q.v[j] = tile_g[r + j][c];
+        *reinterpret_cast<Pack<uint8_t, 16>*>(out_t + gc * p.out_t_ld + gr) = q;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) q.v[j] = tile_u[r + j][c];
+        *reinterpret_cast<Pack<uint8_t, 16>*>(out_t + (f + gc) * p.out_t_ld + gr) = q;
+      }
+      if (act_t != nullptr) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) q.v[j] = tile_a[r + j][c];
+        *reinterpret_cast<Pack<uint8_t, 16>*>(act_t + gc * bp.act_t_ld + gr) = q;
+      }
+    }
+  }
+  if (p.amax_out != nullptr) {
+    m = block_max_all(m);
+    if (threadIdx.x == 0) atomic_max_nonneg(p.amax_out, m);
+  }
+}
+
+template <typename T, bool kGeglu>
 void launch_quant_typed(const Fp8QuantParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((p.rows + kTile - 1) / kTile),
                   static_cast<unsigned>((p.cols + kTile - 1) / kTile));
   if (p.format == Fp8Format::kE4m3) {
-    fp8_quant_kernel<T, Fp8Format::kE4m3><<<grid, kThreads, 0, stream>>>(p);
+    fp8_quant_kernel<T, Fp8Format::kE4m3, kGeglu><<<grid, kThreads, 0, stream>>>(p);
   } else {
-    fp8_quant_kernel<T, Fp8Format::kE5m2><<<grid, kThreads, 0, stream>>>(p);
+    fp8_quant_kernel<T, Fp8Format::kE5m2, kGeglu><<<grid, kThreads, 0, stream>>>(p);
+  }
+}
+
+template <typename T>
+void launch_geglu_bwd_typed(const Fp8GegluBwdParams& p, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((p.grad_merged.rows + kTile - 1) / kTile),
+                  static_cast<unsigned>((p.grad_merged.cols + kTile - 1) / kTile));
+  if (p.grad_merged.format == Fp8Format::kE4m3) {
+    fp8_geglu_bwd_kernel<T, Fp8Format::kE4m3><<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    fp8_geglu_bwd_kernel<T, Fp8Format::kE5m2><<<grid, kThreads, 0, stream>>>(p);
   }
 }
 
@@ -171,21 +292,63 @@ void launch_fp8_amax(const Fp8AmaxParams& p, CUstream_st* stream) {
   VLATUNE_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_fp8_quantize(const Fp8QuantParams& p, CUstream_st* stream) {
-  const char* op = "vlatune::fp8_quantize";
+namespace {
+
+// The checks of launch_fp8_quantize; `what` names the launcher. With `need_amax_in` false (amax-only passes of the
+// GeGLU casts) amax_in may be null.
+void check_quant(const Fp8QuantParams& p, const char* op, bool need_amax_in) {
   if (!fp8_quantize_supported(p.rows, p.cols))
     throw std::invalid_argument(std::string(op) + ": rows and cols must be positive multiples of 16, got " +
                                 std::to_string(p.rows) + " x " + std::to_string(p.cols));
-  if (p.x == nullptr || p.amax_in == nullptr || p.amax_count < 1 || !aligned16(p.x))
+  if (p.x == nullptr || (need_amax_in && (p.amax_in == nullptr || p.amax_count < 1)) || !aligned16(p.x))
     throw std::invalid_argument(std::string(op) + ": x (16-byte aligned) and amax_in are required");
   if ((p.out != nullptr && (!aligned16(p.out) || p.out_ld % 16 != 0 || p.out_ld < p.cols)) ||
       (p.out_t != nullptr && (!aligned16(p.out_t) || p.out_t_ld % 16 != 0 || p.out_t_ld < p.rows)))
     throw std::invalid_argument(std::string(op) + ": outputs must be 16-byte aligned with 16-byte row strides");
+}
+
+template <bool kGeglu>
+void launch_quant(const Fp8QuantParams& p, CUstream_st* stream, const char* op) {
+  const bool writes = p.out != nullptr || p.out_t != nullptr;
+  check_quant(p, op, !kGeglu || writes);
+  if (kGeglu && !writes && p.amax_out == nullptr) throw std::invalid_argument(std::string(op) + ": nothing to write");
   NvtxRange range(op);
   if (p.dtype == ActDtype::kBf16) {
-    launch_quant_typed<__nv_bfloat16>(p, stream);
+    launch_quant_typed<__nv_bfloat16, kGeglu>(p, stream);
   } else {
-    launch_quant_typed<float>(p, stream);
+    launch_quant_typed<float, kGeglu>(p, stream);
+  }
+  VLATUNE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void launch_fp8_quantize(const Fp8QuantParams& p, CUstream_st* stream) {
+  launch_quant<false>(p, stream, "vlatune::fp8_quantize");
+}
+
+void launch_fp8_geglu_quantize(const Fp8QuantParams& p, CUstream_st* stream) {
+  launch_quant<true>(p, stream, "vlatune::fp8_geglu_quantize");
+}
+
+void launch_fp8_geglu_backward_quantize(const Fp8GegluBwdParams& p, CUstream_st* stream) {
+  const char* op = "vlatune::fp8_geglu_backward_quantize";
+  const Fp8QuantParams& g = p.grad_merged;
+  const bool writes = g.out != nullptr || g.out_t != nullptr || p.act_t != nullptr;
+  check_quant(g, op, writes);
+  if (g.out != nullptr && g.out_ld < 2 * g.cols)
+    throw std::invalid_argument(std::string(op) + ": out holds [rows, 2F]: out_ld must be >= 2F");
+  if (p.grad == nullptr || !aligned16(p.grad))
+    throw std::invalid_argument(std::string(op) + ": grad (16-byte aligned) is required");
+  if (p.act_t != nullptr &&
+      (p.act_amax_in == nullptr || !aligned16(p.act_t) || p.act_t_ld % 16 != 0 || p.act_t_ld < g.rows))
+    throw std::invalid_argument(std::string(op) + ": act_t needs act_amax_in and a 16-byte aligned layout");
+  if (!writes && g.amax_out == nullptr) throw std::invalid_argument(std::string(op) + ": nothing to write");
+  NvtxRange range(op);
+  if (g.dtype == ActDtype::kBf16) {
+    launch_geglu_bwd_typed<__nv_bfloat16>(p, stream);
+  } else {
+    launch_geglu_bwd_typed<float>(p, stream);
   }
   VLATUNE_CUDA_CHECK(cudaGetLastError());
 }

@@ -608,8 +608,11 @@ at::Tensor cast_like(const at::Tensor& t, const at::Tensor& x) {
   return t.scalar_type() == x.scalar_type() ? t : t.to(x.scalar_type());
 }
 
+// The row-stacked parts in x's dtype: a view of packed parts (one cast at most, no copy in the compute dtype),
+// else the cast parts concatenated.
 at::Tensor stacked(at::TensorList parts, const at::Tensor& x) {
   if (parts.size() == 1) return cast_like(parts[0], x);
+  if (const at::Tensor packed = packed_rows(parts); packed.defined()) return cast_like(packed, x);
   std::vector<at::Tensor> cast;
   cast.reserve(parts.size());
   for (const at::Tensor& w : parts) cast.push_back(cast_like(w, x));
@@ -659,13 +662,23 @@ struct MergedLinearFn : public torch::autograd::Function<MergedLinearFn> {
   }
 };
 
-// down(geglu(merged)): saves merged, recomputes the GeGLU output in backward.
+// The rebuild function of a MergedRebuild, in a capsule (saved_data holds IValues only).
+struct RebuildHolder : torch::CustomClassHolder {
+  std::function<at::Tensor(const std::vector<at::Tensor>&)> fn;
+};
+
+// down(geglu(merged)): saves merged (or, with a rebuild, what rebuilds it), recomputes the GeGLU output in backward.
+// rebuild_saved: the rebuild's tensors (detached: no gradient flows to them).
 struct GegluLinearFn : public torch::autograd::Function<GegluLinearFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& merged, const at::Tensor& weight,
-                            const std::optional<at::Tensor>& bias_in, const std::string& scope_fqn) {
+                            const std::optional<at::Tensor>& bias_in, const std::string& scope_fqn,
+                            const c10::intrusive_ptr<RebuildHolder>& rebuild, at::TensorList rebuild_saved) {
     const at::Tensor bias = bias_in.value_or(at::Tensor());
     const at::Tensor act = geglu_fwd(merged);
-    ctx->save_for_backward({merged, weight, bias});
+    std::vector<at::Tensor> keep{rebuild ? at::Tensor() : merged, weight, bias};
+    keep.insert(keep.end(), rebuild_saved.begin(), rebuild_saved.end());
+    ctx->save_for_backward(keep);
+    if (rebuild) ctx->saved_data["rebuild"] = c10::IValue::make_capsule(rebuild);
     if (scope_fqn.empty()) return at::linear(act, cast_like(weight, act), bias.defined() ? cast_like(bias, act) : bias);
     profiler::Scope scope(scope_fqn);
     return at::linear(act, cast_like(weight, act), bias.defined() ? cast_like(bias, act) : bias);
@@ -673,9 +686,16 @@ struct GegluLinearFn : public torch::autograd::Function<GegluLinearFn> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &merged = saved[0], &weight = saved[1], &bias = saved[2];
-    variable_list result(4);
+    const at::Tensor &weight = saved[1], &bias = saved[2];
+    // Inputs: merged, weight, bias, scope_fqn, rebuild, rebuild_saved...
+    variable_list result(5 + (saved.size() - 3));
     if (!grads[0].defined()) return result;
+    at::Tensor merged = saved[0];
+    if (ctx->saved_data.count("rebuild") != 0) {
+      // The merged GEMM again, at the start of this backward (the same GEMM on the same inputs: bit-identical).
+      const auto holder = c10::static_intrusive_pointer_cast<RebuildHolder>(ctx->saved_data["rebuild"].toCapsule());
+      merged = holder->fn(std::vector<at::Tensor>(saved.begin() + 3, saved.end()));
+    }
     const int64_t out_features = weight.size(0), f = weight.size(1);
     const at::Tensor g = grads[0].reshape({-1, out_features});
     if (bias.defined()) result[2] = g.sum(0).to(bias.scalar_type());
@@ -896,6 +916,29 @@ QkvHeads split_qkv_heads(const at::Tensor& qkv, int64_t heads) {
   return {out[0], out[1], out[2]};
 }
 
+at::Tensor packed_rows(at::TensorList parts) {
+  if (parts.empty()) return at::Tensor();
+  const at::Tensor& first = parts[0];
+  if (!first.defined() || first.dim() < 1 || !first.is_contiguous() || !first.has_storage()) return at::Tensor();
+  if (parts.size() == 1) return first;
+  int64_t rows = 0, end = first.storage_offset();
+  for (const at::Tensor& p : parts) {
+    if (!p.defined() || !p.has_storage() || !p.is_contiguous() || p.dim() != first.dim() ||
+        p.scalar_type() != first.scalar_type() || p.device() != first.device() ||
+        !p.storage().is_alias_of(first.storage()) || p.storage_offset() != end ||
+        p.sizes().slice(1) != first.sizes().slice(1))
+      return at::Tensor();
+    rows += p.size(0);
+    end += p.numel();
+  }
+  std::vector<int64_t> sizes = first.sizes().vec();
+  sizes[0] = rows;
+  // Contiguous strides of the spanning shape (a part with a single row may carry any stride for dim 0).
+  std::vector<int64_t> strides(sizes.size(), 1);
+  for (int64_t d = static_cast<int64_t>(sizes.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * sizes[d + 1];
+  return first.as_strided(sizes, strides, first.storage_offset());
+}
+
 at::Tensor merged_linear(const at::Tensor& x, const std::vector<at::Tensor>& weights,
                          const std::vector<at::Tensor>& biases) {
   const std::string op = "merged_linear";
@@ -928,12 +971,29 @@ at::Tensor geglu_backward(const at::Tensor& grad, const at::Tensor& merged) {
 }
 
 at::Tensor geglu_linear(const at::Tensor& merged, const at::Tensor& weight, const at::Tensor& bias,
-                        const std::string& scope_fqn) {
+                        const std::string& scope_fqn, const MergedRebuild* rebuild) {
   const std::string op = "geglu_linear";
   if (!merged.defined() || merged.size(-1) % 2 != 0) fail(op, "merged must be [..., 2F]", merged);
   if (!weight.defined() || weight.dim() != 2 || weight.size(1) * 2 != merged.size(-1))
     fail(op, "weight must be [out, " + std::to_string(merged.size(-1) / 2) + "]", weight);
-  return GegluLinearFn::apply(merged, weight, optional(bias), scope_fqn);
+  if (rebuild == nullptr)
+    return GegluLinearFn::apply(merged, weight, optional(bias), scope_fqn, c10::intrusive_ptr<RebuildHolder>(),
+                                at::TensorList());
+  if (!rebuild->fn) throw std::invalid_argument(op + ": the rebuild has no function");
+  auto holder = c10::make_intrusive<RebuildHolder>();
+  holder->fn = rebuild->fn;
+  return GegluLinearFn::apply(merged, weight, optional(bias), scope_fqn, holder, at::TensorList(rebuild->saved));
+}
+
+MergedRebuild merged_linear_rebuild(const at::Tensor& x, const std::vector<at::Tensor>& weights) {
+  MergedRebuild r;
+  r.saved.push_back(x.detach());  // the same storage merged_linear's node keeps: no copy
+  for (const at::Tensor& w : weights) r.saved.push_back(w.detach());
+  r.fn = [](const std::vector<at::Tensor>& s) {
+    at::NoGradGuard no_grad;
+    return merged_linear(s[0], std::vector<at::Tensor>(s.begin() + 1, s.end()));
+  };
+  return r;
 }
 
 }  // namespace vlatune::kernels

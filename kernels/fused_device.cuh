@@ -1,5 +1,5 @@
-// Device helpers shared by the fused decoder kernels (norm.cu, rope.cu, geglu.cu): 16-byte vector packs, fp32
-// conversion with ATen's rounding, a block-wide sum, an NVTX range. Torch-free.
+// Device helpers shared by the fused kernels (norm.cu, rope.cu, geglu.cu, fp8_quant.cu, adamw.cu): 16-byte vector
+// packs, fp32 conversion with ATen's rounding, tanh-GELU and its gradient, a block-wide sum, an NVTX range. Torch-free.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -47,6 +47,26 @@ __device__ __forceinline__ Pack<T, kVec<T>> load_pack(const T* p, int64_t vec_in
 template <typename T>
 __device__ __forceinline__ void store_pack(T* p, int64_t vec_index, const Pack<T, kVec<T>>& v) {
   reinterpret_cast<Pack<T, kVec<T>>*>(p)[vec_index] = v;
+}
+
+// ATen's gelu(approximate="tanh") in fp32 (aten/src/ATen/native/cuda/ActivationGeluKernel.cu) and its backward:
+// the GeGLU/GELU kernels and the fused FP8 GeGLU casts share them, so their values agree bit for bit.
+constexpr float kGeluBeta = 0.7978845608028654f;  // sqrt(2 / pi) = M_SQRT2 * M_2_SQRTPI * 0.5
+constexpr float kGeluKappa = 0.044715f;
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+  const float inner = kGeluBeta * (x + kGeluKappa * (x * x * x));
+  return 0.5f * x * (1.f + tanhf(inner));
+}
+
+__device__ __forceinline__ float gelu_tanh_grad(float dy, float x) {
+  const float x_sq = x * x;
+  const float inner = kGeluBeta * (x + kGeluKappa * x_sq * x);
+  const float t = tanhf(inner);
+  const float left = 0.5f * x, right = 1.f + t;
+  const float left_derivative = 0.5f * right;
+  const float right_derivative = left * (1.f - t * t) * kGeluBeta * (1.f + 3.f * kGeluKappa * x_sq);
+  return dy * (left_derivative + right_derivative);
 }
 
 // Sum over the block, returned to every thread. Fixed order: deterministic. blockDim.x a multiple of 32, <= 1024.

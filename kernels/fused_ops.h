@@ -10,9 +10,11 @@
 //   adarms_norm_residual x and delta (h is recomputed) + rstd [rows] fp32; x is the layer input that the
 //                       pre-attention norm saves anyway, so the fused residual adds only delta
 //   rope_qkv            nothing
-//   merged_linear       x (as any Linear); the concatenated weight is rebuilt in backward, never kept
+//   merged_linear       x (as any Linear); the stacked weight is a view of the packed members (packed_rows) or,
+//                       for unpacked members, a concatenation rebuilt in backward, never kept
 //   geglu_linear        the merged gate+up output; the GeGLU output (the down projection's input) is rebuilt by
-//                       the backward kernel (in the buffer of its gradient), not by a second forward kernel
+//                       the backward kernel (in the buffer of its gradient), not by a second forward kernel.
+//                       With a MergedRebuild: not even the merged output (the gate+up GEMM runs again in backward)
 //   layer_norm_residual h (or x without a residual) + mean and rstd [rows] fp32
 //   gelu_linear         the fc1 output (pre-activation) only; the GELU output is rebuilt by the backward kernel
 //   split_qkv_heads     nothing (its outputs are views of the merged QKV output; the backward stacks the three
@@ -21,6 +23,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -74,9 +77,16 @@ QkvHeads rope_qkv_ref(const at::Tensor& qkv_prefix, const at::Tensor& qkv_suffix
 // One GEMM for several Linears that read the same input: x W^T with W = [W_0; W_1; ...] (rows stacked, so the
 // output's columns are [y_0 | y_1 | ...]), biases likewise (empty = no biases, else one per weight). Weights are
 // cast to x's dtype when they differ. The parameters stay separate tensors (their names, state dicts and
-// gradients are unchanged): the concatenation is a temporary of the forward and of the backward, never saved.
+// gradients are unchanged). Packed members (adjacent row slices of one buffer, model::pack_rows) are read as one
+// view of that buffer (packed_rows: no copy); otherwise the stack is an at::cat, a temporary of the forward and of
+// the backward, never saved.
 at::Tensor merged_linear(const at::Tensor& x, const std::vector<at::Tensor>& weights,
                          const std::vector<at::Tensor>& biases = {});
+
+// One view [sum N_i, ...] spanning `parts` when they are adjacent slices of one storage along dim 0, in order
+// (each contiguous, same dtype, device and trailing sizes; part i + 1 starting where part i ends); else undefined
+// (the caller concatenates). A single part is returned as is.
+at::Tensor packed_rows(at::TensorList parts);
 
 // GeGLU on the merged gate+up output: gelu_tanh(merged[..., :F]) * merged[..., F:] (no autograd of its own:
 // geglu_linear is the differentiable form; this one is for tests and benchmarks). Dispatches like the others.
@@ -85,11 +95,26 @@ at::Tensor geglu_ref(const at::Tensor& merged);
 // The gradient of `merged` given the gradient of geglu(merged) (kernel on CUDA, gelu_backward in ATen elsewhere).
 at::Tensor geglu_backward(const at::Tensor& grad, const at::Tensor& merged);
 
+// How to rebuild a merged GEMM's output in backward instead of keeping it (the recompute unit
+// `...mlp.gate_proj+up_proj`): `saved` are the tensors the rebuild reads (what the GEMM's own autograd node keeps
+// anyway: its input, or its FP8 copy, and the weights, detached), `fn(saved)` returns the GEMM output bit-identical
+// to the forward's (the same GEMM on the same inputs). fn must capture no tensors (they would outlive backward).
+struct MergedRebuild {
+  std::vector<at::Tensor> saved;
+  std::function<at::Tensor(const std::vector<at::Tensor>& saved)> fn;
+};
+
+// The rebuild of merged_linear(x, weights) (no biases): saves x and the weights (no extra memory: merged_linear's
+// node keeps the same tensors), fn runs merged_linear again without autograd.
+MergedRebuild merged_linear_rebuild(const at::Tensor& x, const std::vector<at::Tensor>& weights);
+
 // down(geglu(merged)) = geglu(merged) W^T (+ b), as one autograd node that saves `merged` and recomputes the GeGLU
 // output in backward (it is the largest activation of the layer: Pi0.5's prefix MLP is 16,384 wide). `scope_fqn`
 // names the profiler scope of the down-projection GEMM (the GeGLU stays in the caller's scope); empty = none.
+// With `rebuild` (not null), `merged` is not saved: the node keeps rebuild->saved and calls rebuild->fn at the start
+// of its backward (one more forward GEMM, 2 bytes x rows x 2F less held from forward to backward).
 at::Tensor geglu_linear(const at::Tensor& merged, const at::Tensor& weight, const at::Tensor& bias,
-                        const std::string& scope_fqn);
+                        const std::string& scope_fqn, const MergedRebuild* rebuild = nullptr);
 
 // fc2(gelu_tanh(pre)) = gelu_tanh(pre) W^T (+ b) as one autograd node that saves `pre` only (SigLIP's MLP: the
 // GELU output, 4,304 wide, is rebuilt by the backward kernel). `scope_fqn` names the GEMM's profiler scope.

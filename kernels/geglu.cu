@@ -15,6 +15,8 @@
 namespace vlatune::kernels {
 
 using fused_detail::from_float;
+using fused_detail::gelu_tanh;
+using fused_detail::gelu_tanh_grad;
 using fused_detail::kVec;
 using fused_detail::load_pack;
 using fused_detail::NvtxRange;
@@ -29,25 +31,6 @@ namespace {
 // (pure streaming: the grid only has to cover the machine).
 constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = 8;
-
-// ATen's gelu(approximate="tanh") in fp32 (aten/src/ATen/native/cuda/ActivationGeluKernel.cu), and its backward.
-constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi) = M_SQRT2 * M_2_SQRTPI * 0.5
-constexpr float kKappa = 0.044715f;
-
-__device__ __forceinline__ float gelu_tanh(float x) {
-  const float inner = kBeta * (x + kKappa * (x * x * x));
-  return 0.5f * x * (1.f + tanhf(inner));
-}
-
-__device__ __forceinline__ float gelu_tanh_grad(float dy, float x) {
-  const float x_sq = x * x;
-  const float inner = kBeta * (x + kKappa * x_sq * x);
-  const float t = tanhf(inner);
-  const float left = 0.5f * x, right = 1.f + t;
-  const float left_derivative = 0.5f * right;
-  const float right_derivative = left * (1.f - t * t) * kBeta * (1.f + 3.f * kKappa * x_sq);
-  return dy * (left_derivative + right_derivative);
-}
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) geglu_fwd_kernel(const GegluParams p) {

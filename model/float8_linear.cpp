@@ -30,39 +30,59 @@ at::Tensor pad_rows(const at::Tensor& x2, int64_t mp) {
   return at::constant_pad_nd(x2, {0, 0, 0, mp - x2.size(0)}).contiguous();
 }
 
-// An activation or gradient quantized with its role's scaling (current, or delayed from the amax history).
-Fp8Tensor quantize_role(const at::Tensor& x2, Fp8Format format, Fp8AmaxHistory& h, const Fp8Config& config,
-                        bool row_major, bool transposed) {
-  if (config.scaling == Fp8Scaling::kCurrent) return kernels::fp8_quantize(x2, format, row_major, transposed);
+// A cast with its role's scaling (current, or delayed from the amax history): `amax_pass(amax)` folds the tensor's
+// max |value| into a 1-element amax; `cast(amax_in, skip, outputs)` writes the FP8 copies (a plain cast, or a fused
+// GeGLU cast that computes its values on the fly).
+template <typename AmaxPass, typename Cast>
+Fp8Tensor quantize_role_with(int64_t rows, int64_t cols, const at::TensorOptions& options, Fp8Format format,
+                             Fp8AmaxHistory& h, const Fp8Config& config, bool row_major, bool transposed,
+                             const AmaxPass& amax_pass, const Cast& cast) {
+  const auto f32 = options.dtype(at::kFloat);
+  const auto q8 = options.dtype(kernels::fp8_dtype(format));
+  Fp8Tensor t;
+  t.inv_scale = at::empty({}, f32);
+  t.amax_used = at::empty({1}, f32);
+  Fp8QuantOutputs o;
+  if (row_major) t.data = o.out = at::empty({rows, cols}, q8);
+  if (transposed) t.data_t = o.out_t = at::empty({cols, rows}, q8);
+  o.inv_scale = t.inv_scale;
+  o.amax_used = t.amax_used;
+  if (config.scaling == Fp8Scaling::kCurrent) {
+    const at::Tensor amax = at::zeros({1}, f32);
+    amax_pass(amax);
+    cast(amax, -1, o);
+    return t;
+  }
   const int64_t len = std::max<int64_t>(2, config.amax_history);
-  const auto f32 = x2.options().dtype(at::kFloat);
-  if (!h.amax.defined() || h.amax.device() != x2.device() || h.amax.numel() != len) {
+  if (!h.amax.defined() || h.amax.device() != options.device() || h.amax.numel() != len) {
     h.amax = at::zeros({len}, f32);
     h.uses = 0;
   }
   const int64_t slot = h.uses % len;
   const at::Tensor current = h.amax.narrow(0, slot, 1);
   current.zero_();
-  const auto q8 = x2.options().dtype(kernels::fp8_dtype(format));
-  Fp8Tensor t;
-  t.inv_scale = at::empty({}, f32);
-  t.amax_used = at::empty({1}, f32);
-  Fp8QuantOutputs o;
-  if (row_major) t.data = o.out = at::empty({x2.size(0), x2.size(1)}, q8);
-  if (transposed) t.data_t = o.out_t = at::empty({x2.size(1), x2.size(0)}, q8);
-  o.inv_scale = t.inv_scale;
-  o.amax_used = t.amax_used;
   if (h.uses == 0) {
     // Nothing recorded yet: current scaling, and the amax starts the history.
-    kernels::fp8_amax_into(x2, current);
-    kernels::fp8_quantize_into(x2, format, current, -1, o);
+    amax_pass(current);
+    cast(current, -1, o);
   } else {
     // One pass: the scale from the other entries of the history, this amax into the current slot.
     o.amax_out = current;
-    kernels::fp8_quantize_into(x2, format, h.amax, slot, o);
+    cast(h.amax, slot, o);
   }
   ++h.uses;
   return t;
+}
+
+// An activation or gradient x2 [rows, cols] cast with its role's scaling.
+Fp8Tensor quantize_role(const at::Tensor& x2, Fp8Format format, Fp8AmaxHistory& h, const Fp8Config& config,
+                        bool row_major, bool transposed) {
+  return quantize_role_with(
+      x2.size(0), x2.size(1), x2.options(), format, h, config, row_major, transposed,
+      [&](const at::Tensor& amax) { kernels::fp8_amax_into(x2, amax); },
+      [&](const at::Tensor& amax_in, int64_t skip, const Fp8QuantOutputs& o) {
+        kernels::fp8_quantize_into(x2, format, amax_in, skip, o);
+      });
 }
 
 struct QuantWeights {
@@ -111,9 +131,10 @@ Float8State& state_of(AutogradContext* ctx) {
   return *reinterpret_cast<Float8State*>(ctx->saved_data["state"].toInt());
 }
 
-// args = [x, w_0 .. w_{n-1}].
+// args = [x, w_0 .. w_{n-1}]. Returns {y}; with `expose`, {y, x_q^T, x's inverse scale, the weights' amax} (the
+// saved tensors a MergedRebuild reads; not differentiable).
 struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
-  static at::Tensor forward(AutogradContext* ctx, at::TensorList args, int64_t state_ptr) {
+  static variable_list forward(AutogradContext* ctx, at::TensorList args, int64_t state_ptr, bool expose) {
     Float8State& st = *reinterpret_cast<Float8State*>(state_ptr);
     const at::Tensor& x = args[0];
     const at::TensorList weights = args.slice(1);
@@ -131,7 +152,9 @@ struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
     std::vector<at::Tensor> keep{xq.data_t, xq.inv_scale, wq.amax};  // x^T in FP8, not x
     keep.insert(keep.end(), weights.begin(), weights.end());
     ctx->save_for_backward(keep);
-    return y.reshape(shape);
+    if (!expose) return {y.reshape(shape)};
+    ctx->mark_non_differentiable({xq.data_t, xq.inv_scale, wq.amax});
+    return {y.reshape(shape), xq.data_t, xq.inv_scale, wq.amax};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -141,12 +164,24 @@ struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
     const at::TensorList weights = at::TensorList(saved).slice(3);
     const std::vector<int64_t> x_sizes = ctx->saved_data["x_sizes"].toIntVector();
     const auto x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
-    variable_list result(1 + weights.size() + 1);
+    variable_list result(1 + weights.size() + 2);  // x, weights, state_ptr, expose
     if (!grads[0].defined()) return result;
     const int64_t n = grads[0].size(-1), m = grads[0].numel() / n, mp = xq_t.size(1);
     const bool need_x = ctx->needs_input_grad(0);
-    const Fp8Tensor gq = quantize_role(pad_rows(grads[0].reshape({m, n}), mp), Fp8Format::kE5m2, st.grad_output,
-                                       st.config, need_x, true);
+    Fp8Tensor gq;
+    if (st.pending_grad) {
+      // The GeGLU backward already cast this gradient (grads[0] is its zero-stride placeholder).
+      gq.data = std::move(st.pending_grad->data);
+      gq.data_t = std::move(st.pending_grad->data_t);
+      gq.inv_scale = std::move(st.pending_grad->inv_scale);
+      st.pending_grad.reset();
+      ++st.pending_grads_taken;
+      if (gq.data_t.size(0) != n || gq.data_t.size(1) != mp)
+        throw std::logic_error("float8_linear: the FP8 gradient left by the GeGLU backward has the wrong shape");
+    } else {
+      gq = quantize_role(pad_rows(grads[0].reshape({m, n}), mp), Fp8Format::kE5m2, st.grad_output, st.config, need_x,
+                         true);
+    }
     if (need_x) {
       const QuantWeights wt = quantize_weights(weights, w_amax, false, true);
       at::Tensor dx = kernels::fp8_mm(gq.data, wt.data_t.t(), gq.inv_scale, wt.inv_scale, x_dtype, false);
@@ -166,50 +201,134 @@ struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
   }
 };
 
-// down(geglu(merged)) with the down GEMM in FP8; saves merged (as kernels::geglu_linear) and the scale of the
-// GeGLU output, which the backward recomputes and re-quantizes (transposed) with that same scale.
+// down_proj's input geglu(merged) [m, F] as e4m3 with the role's scaling (row-major, padded to mp rows). With the
+// fused casts the GeGLU kernel writes FP8 directly (no bf16 act in memory).
+bool geglu_casts_fuse(const Float8State& st, const at::Tensor& merged2, int64_t mp) {
+  return st.config.fused_geglu_casts && merged2.size(0) == mp && merged2.is_contiguous() &&
+         (merged2.size(1) / 2) % 16 == 0;
+}
+
+Fp8Tensor quantize_geglu_output(const at::Tensor& merged2, int64_t mp, Float8State& st) {
+  const int64_t m = merged2.size(0), f = merged2.size(1) / 2;
+  if (geglu_casts_fuse(st, merged2, mp)) {
+    return quantize_role_with(
+        m, f, merged2.options(), Fp8Format::kE4m3, st.input, st.config, true, false,
+        [&](const at::Tensor& amax) { kernels::fp8_geglu_amax_into(merged2, amax); },
+        [&](const at::Tensor& amax_in, int64_t skip, const Fp8QuantOutputs& o) {
+          kernels::fp8_geglu_quantize_into(merged2, amax_in, skip, o);
+        });
+  }
+  return quantize_role(pad_rows(kernels::geglu(merged2), mp), Fp8Format::kE4m3, st.input, st.config, true, false);
+}
+
+// down_proj's rebuilt input for its weight gradient: geglu(merged)^T [F, mp] in e4m3 with the forward's amax.
+struct CastOutput {
+  at::Tensor data_t, inv_scale;
+};
+CastOutput geglu_output_t(const at::Tensor& merged2, int64_t mp, const at::Tensor& act_amax) {
+  const at::Tensor act = pad_rows(kernels::geglu(merged2), mp);
+  CastOutput c;
+  c.data_t = at::empty({act.size(1), mp}, act.options().dtype(at::kFloat8_e4m3fn));
+  c.inv_scale = at::empty({}, act.options().dtype(at::kFloat));
+  Fp8QuantOutputs o;
+  o.out_t = c.data_t;
+  o.inv_scale = c.inv_scale;
+  kernels::fp8_quantize_into(act, Fp8Format::kE4m3, act_amax, -1, o);
+  return c;
+}
+
+// The fused GeGLU backward: d merged cast to e5m2 (both layouts, the producer GEMM's grad_output scaling) and left
+// in producer.pending_grad; returns down_proj's rebuilt input (as geglu_output_t) from the same pass.
+CastOutput geglu_backward_cast(const at::Tensor& grad_act2, const at::Tensor& merged2, const at::Tensor& act_amax,
+                               Float8State& producer) {
+  const int64_t m = merged2.size(0), f = merged2.size(1) / 2;
+  CastOutput act;
+  act.data_t = at::empty({f, m}, merged2.options().dtype(at::kFloat8_e4m3fn));
+  act.inv_scale = at::empty({}, merged2.options().dtype(at::kFloat));
+  const Fp8Tensor gq = quantize_role_with(
+      m, 2 * f, merged2.options(), Fp8Format::kE5m2, producer.grad_output, producer.config, true, true,
+      [&](const at::Tensor& amax) { kernels::fp8_geglu_backward_amax_into(grad_act2, merged2, amax); },
+      [&](const at::Tensor& amax_in, int64_t skip, const Fp8QuantOutputs& o) {
+        kernels::Fp8GegluGradOutputs g;
+        g.grad_merged = o;
+        g.act_t = act.data_t;
+        g.act_inv_scale = act.inv_scale;
+        kernels::fp8_geglu_backward_quantize_into(grad_act2, merged2, Fp8Format::kE5m2, amax_in, skip, act_amax, g);
+      });
+  producer.pending_grad = Fp8Gradient{gq.data, gq.data_t, gq.inv_scale};
+  return act;
+}
+
+// The rebuild function of a kernels::MergedRebuild, in a capsule (saved_data holds IValues only).
+struct RebuildHolder : torch::CustomClassHolder {
+  std::function<at::Tensor(const std::vector<at::Tensor>&)> fn;
+};
+
+// down(geglu(merged)) with the down GEMM in FP8; saves merged (as kernels::geglu_linear; with a rebuild, what
+// rebuilds it instead) and the scale of the GeGLU output, which the backward recomputes and re-quantizes
+// (transposed) with that same scale.
 struct Float8GegluLinearFn : public torch::autograd::Function<Float8GegluLinearFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& merged, const at::Tensor& weight, int64_t state_ptr,
-                            const std::string& scope_fqn) {
+                            int64_t producer_ptr, const std::string& scope_fqn,
+                            const c10::intrusive_ptr<RebuildHolder>& rebuild, at::TensorList rebuild_saved) {
     Float8State& st = *reinterpret_cast<Float8State*>(state_ptr);
-    const at::Tensor act = kernels::geglu(merged);
-    const int64_t f = act.size(-1), m = act.numel() / f, mp = padded(m);
-    const Fp8Tensor aq =
-        quantize_role(pad_rows(act.reshape({m, f}), mp), Fp8Format::kE4m3, st.input, st.config, true, false);
+    const int64_t f = merged.size(-1) / 2, m = merged.numel() / (2 * f), mp = padded(m);
+    const Fp8Tensor aq = quantize_geglu_output(merged.reshape({m, 2 * f}), mp, st);
     at::Tensor y;
     {
       std::optional<profiler::Scope> scope;
       if (!scope_fqn.empty()) scope.emplace(scope_fqn);
       const QuantWeights wq = quantize_weights({weight}, at::Tensor(), true, false);
-      y = kernels::fp8_mm(aq.data, wq.data.t(), aq.inv_scale, wq.inv_scale, act.scalar_type(), true);
-      ctx->save_for_backward({merged, weight, wq.amax, aq.amax_used});
+      y = kernels::fp8_mm(aq.data, wq.data.t(), aq.inv_scale, wq.inv_scale, merged.scalar_type(), true);
+      std::vector<at::Tensor> keep{rebuild ? at::Tensor() : merged, weight, wq.amax, aq.amax_used};
+      keep.insert(keep.end(), rebuild_saved.begin(), rebuild_saved.end());
+      ctx->save_for_backward(keep);
+      if (rebuild) ctx->saved_data["rebuild"] = c10::IValue::make_capsule(rebuild);
     }
     if (mp != m) y = y.narrow(0, 0, m);
-    std::vector<int64_t> shape = act.sizes().vec();
+    std::vector<int64_t> shape = merged.sizes().vec();
     shape.back() = y.size(1);
     ctx->saved_data["state"] = state_ptr;
+    ctx->saved_data["producer"] = producer_ptr;
+    if (producer_ptr != 0) reinterpret_cast<Float8State*>(producer_ptr)->pending_grad.reset();  // a stale one
     return y.reshape(shape);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     Float8State& st = state_of(ctx);
+    auto* producer = reinterpret_cast<Float8State*>(ctx->saved_data["producer"].toInt());
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &merged = saved[0], &weight = saved[1], &w_amax = saved[2], &act_amax = saved[3];
-    variable_list result(4);
+    const at::Tensor &weight = saved[1], &w_amax = saved[2], &act_amax = saved[3];
+    // Inputs: merged, weight, state_ptr, producer_ptr, scope_fqn, rebuild, rebuild_saved...
+    variable_list result(6 + (saved.size() - 4));
     if (!grads[0].defined()) return result;
+    at::Tensor merged = saved[0];
+    if (ctx->saved_data.count("rebuild") != 0) {
+      // The merged GEMM again, at the start of this backward (the same GEMM on the same inputs: bit-identical).
+      const auto holder = c10::static_intrusive_pointer_cast<RebuildHolder>(ctx->saved_data["rebuild"].toCapsule());
+      merged = holder->fn(std::vector<at::Tensor>(saved.begin() + 4, saved.end()));
+    }
     const int64_t n = weight.size(0), f = weight.size(1), m = grads[0].numel() / n, mp = padded(m);
     const Fp8Tensor gq =
         quantize_role(pad_rows(grads[0].reshape({m, n}), mp), Fp8Format::kE5m2, st.grad_output, st.config, true, true);
+    const at::Tensor merged2 = merged.reshape({m, 2 * f});
+    if (producer != nullptr && geglu_casts_fuse(*producer, merged2, mp)) {
+      // One pass from merged and d act: d merged in e5m2 for the gate+up GEMM (left in its pending_grad, both
+      // layouts) and this GEMM's rebuilt input, transposed; no bf16 d merged or act in memory.
+      const QuantWeights wt = quantize_weights({weight}, w_amax, false, true);
+      const at::Tensor grad_act =
+          kernels::fp8_mm(gq.data, wt.data_t.t(), gq.inv_scale, wt.inv_scale, merged.scalar_type(), false);
+      const CastOutput act = geglu_backward_cast(grad_act, merged2, act_amax, *producer);
+      result[1] = kernels::fp8_mm(gq.data_t, act.data_t.t(), gq.inv_scale, act.inv_scale, grad_dtype(weight), false)
+                      .to(weight.scalar_type());
+      // The gate+up GEMM's backward reads pending_grad; autograd still needs a gradient of merged's shape.
+      result[0] = at::zeros({}, merged.options()).expand(merged.sizes());
+      return result;
+    }
     {
       // The GeGLU output recomputed, cast transposed with the forward's scale; freed after the weight gradient.
-      const at::Tensor act = pad_rows(kernels::geglu(merged).reshape({m, f}), mp);
-      const at::Tensor act_t = at::empty({f, mp}, act.options().dtype(at::kFloat8_e4m3fn));
-      const at::Tensor act_inv = at::empty({}, act.options().dtype(at::kFloat));
-      Fp8QuantOutputs o;
-      o.out_t = act_t;
-      o.inv_scale = act_inv;
-      kernels::fp8_quantize_into(act, Fp8Format::kE4m3, act_amax, -1, o);
-      result[1] = kernels::fp8_mm(gq.data_t, act_t.t(), gq.inv_scale, act_inv, grad_dtype(weight), false)
+      const CastOutput act = geglu_output_t(merged2, mp, act_amax);
+      result[1] = kernels::fp8_mm(gq.data_t, act.data_t.t(), gq.inv_scale, act.inv_scale, grad_dtype(weight), false)
                       .to(weight.scalar_type());
     }
     const QuantWeights wt = quantize_weights({weight}, w_amax, false, true);
@@ -241,26 +360,56 @@ std::string float8_shape_problem(int64_t in_features, int64_t out_features) {
 }
 
 torch::Tensor float8_linear(const torch::Tensor& x, const std::vector<torch::Tensor>& weights,
-                            const torch::Tensor& bias, Float8State& state) {
+                            const torch::Tensor& bias, Float8State& state, kernels::MergedRebuild* rebuild) {
   if (weights.empty()) throw std::invalid_argument("float8_linear: no weights");
   if (!x.defined() || x.dim() < 1 || !at::isFloatingType(x.scalar_type()))
     throw std::invalid_argument("float8_linear: x must be a floating tensor");
   for (const at::Tensor& w : weights) check_weight(w, x.size(-1));
   if (bias.defined() && weights.size() != 1)
     throw std::invalid_argument("float8_linear: a bias only with a single weight");
+  if (bias.defined() && rebuild != nullptr) throw std::invalid_argument("float8_linear: no rebuild with a bias");
   std::vector<at::Tensor> args{x};
   args.insert(args.end(), weights.begin(), weights.end());
-  at::Tensor y = Float8LinearFn::apply(at::TensorList(args), reinterpret_cast<int64_t>(&state));
+  const auto out = Float8LinearFn::apply(at::TensorList(args), reinterpret_cast<int64_t>(&state), rebuild != nullptr);
+  at::Tensor y = out[0];
   if (bias.defined()) y = y + (bias.scalar_type() == y.scalar_type() ? bias : bias.to(y.scalar_type()));
+  if (rebuild != nullptr) {
+    // Rebuilt from the node's own x_q^T (transposed back: the forward's row-major copy, byte for byte) and the
+    // weights re-quantized with the saved amax (the forward's scale): the forward GEMM again, bit-identical, and
+    // no byte more held than the node keeps anyway.
+    rebuild->saved = {out[1], out[2], out[3]};
+    for (const at::Tensor& w : weights) rebuild->saved.push_back(w.detach());
+    const int64_t m = x.numel() / x.size(-1);
+    const std::vector<int64_t> shape = y.sizes().vec();
+    const at::ScalarType dtype = x.scalar_type();
+    rebuild->fn = [m, shape, dtype](const std::vector<at::Tensor>& s) {
+      at::NoGradGuard no_grad;
+      const at::Tensor xq = s[0].t().contiguous();
+      const QuantWeights wq = quantize_weights(at::TensorList(s).slice(3), s[2], true, false);
+      at::Tensor merged = kernels::fp8_mm(xq, wq.data.t(), s[1], wq.inv_scale, dtype, true);
+      if (merged.size(0) != m) merged = merged.narrow(0, 0, m);
+      return merged.reshape(shape);
+    };
+  }
   return y;
 }
 
 torch::Tensor float8_geglu_linear(const torch::Tensor& merged, const torch::Tensor& weight, Float8State& state,
-                                  const std::string& scope_fqn) {
+                                  const std::string& scope_fqn, const kernels::MergedRebuild* rebuild,
+                                  Float8State* producer) {
   if (!merged.defined() || merged.size(-1) % 2 != 0)
     throw std::invalid_argument("float8_geglu_linear: merged must be [..., 2F]");
   check_weight(weight, merged.size(-1) / 2);
-  return Float8GegluLinearFn::apply(merged, weight, reinterpret_cast<int64_t>(&state), scope_fqn);
+  const auto state_ptr = reinterpret_cast<int64_t>(&state);
+  const auto producer_ptr = reinterpret_cast<int64_t>(producer);
+  if (rebuild == nullptr)
+    return Float8GegluLinearFn::apply(merged, weight, state_ptr, producer_ptr, scope_fqn,
+                                      c10::intrusive_ptr<RebuildHolder>(), at::TensorList());
+  if (!rebuild->fn) throw std::invalid_argument("float8_geglu_linear: the rebuild has no function");
+  auto holder = c10::make_intrusive<RebuildHolder>();
+  holder->fn = rebuild->fn;
+  return Float8GegluLinearFn::apply(merged, weight, state_ptr, producer_ptr, scope_fqn, holder,
+                                    at::TensorList(rebuild->saved));
 }
 
 }  // namespace vlatune::model

@@ -16,10 +16,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <torch/torch.h>
+
+#include "kernels/fused_ops.h"
 
 namespace vlatune::model {
 
@@ -28,6 +31,10 @@ enum class Fp8Scaling { kCurrent, kDelayed };
 struct Fp8Config {
   Fp8Scaling scaling = Fp8Scaling::kDelayed;
   int64_t amax_history = 16;  // delayed: entries of the history (the previous 15 casts + the one being written)
+  // The GeGLU kernels cast straight to FP8 (kernels/fp8_ops.h fp8_geglu_*): down_proj's input in the forward, and in
+  // the backward d merged for the gate+up GEMM plus down_proj's rebuilt input, with no bf16 copy in between. The
+  // bytes equal the unfused sequence's (tested); off: that sequence.
+  bool fused_geglu_casts = true;
 };
 
 // Amax history of one quantized tensor role (delayed scaling), on the device of the tensors it scales.
@@ -36,22 +43,39 @@ struct Fp8AmaxHistory {
   int64_t uses = 0;
 };
 
+// An output gradient already cast to FP8 (e5m2) by the consumer's backward: row-major, transposed, 1 / scale.
+struct Fp8Gradient {
+  torch::Tensor data, data_t, inv_scale;
+};
+
 // The state of one FP8 GEMM: a Linear, or a merged GEMM (QKV, gate+up; the state of its first FP8 member).
 struct Float8State {
   Fp8Config config;
   Fp8AmaxHistory input, grad_output;
+  // Left by the FP8 GeGLU backward for the gate+up GEMM that produced `merged` (cast with this state's grad_output
+  // scaling); that GEMM's backward takes it instead of casting the placeholder gradient autograd hands it.
+  std::optional<Fp8Gradient> pending_grad;
+  int64_t pending_grads_taken = 0;  // backward passes that used one (a count for tests and logs)
 };
 
 // x [..., K] -> [..., sum N_i]: one GEMM against the row-stacked weights (merged GEMM) or a single Linear; bias
 // (optional, only with one weight) added in x's dtype. Throws std::invalid_argument when K or an N_i is not a
-// multiple of 16.
+// multiple of 16. `rebuild` (no bias): filled with how to compute the output again in backward (the recompute unit
+// `...mlp.gate_proj+up_proj`): it reads the node's own saved x_q^T (transposed back to row-major at rebuild time:
+// no byte more held), the scales and the weights, and runs the same FP8 GEMM, so the rebuilt output is
+// bit-identical to this one.
 torch::Tensor float8_linear(const torch::Tensor& x, const std::vector<torch::Tensor>& weights,
-                            const torch::Tensor& bias, Float8State& state);
+                            const torch::Tensor& bias, Float8State& state, kernels::MergedRebuild* rebuild = nullptr);
 
 // down(geglu(merged)) with the down projection in FP8 (kernels::geglu_linear's FP8 form): saves `merged` and recomputes
 // the GeGLU output in backward, re-quantized transposed with the forward's scale. scope_fqn: the GEMM's profiler scope.
+// With `rebuild`: keeps rebuild->saved instead of `merged` and rebuilds it at the start of the backward.
+// With `producer` (the FP8 state of the merged gate+up GEMM that computed `merged` through float8_linear) and
+// config.fused_geglu_casts, the backward casts d merged straight to FP8 for that GEMM (Float8State::pending_grad)
+// in the same pass that rebuilds this GEMM's input; the GeGLU output is cast by the GeGLU kernel in the forward too.
 torch::Tensor float8_geglu_linear(const torch::Tensor& merged, const torch::Tensor& weight, Float8State& state,
-                                  const std::string& scope_fqn);
+                                  const std::string& scope_fqn, const kernels::MergedRebuild* rebuild = nullptr,
+                                  Float8State* producer = nullptr);
 
 // Checks a Linear's shape for FP8: empty when fine, else the reason ("in_features 100 is not a multiple of 16").
 std::string float8_shape_problem(int64_t in_features, int64_t out_features);

@@ -11,11 +11,13 @@ constexpr double kRmsEps = 1e-6;
 constexpr double kRopeBase = 10000.0;
 
 // One GEMM over Linears that read the same input: FP8 when any member is FP8 (the choice covers the merged GEMM),
-// else kernels::merged_linear.
-torch::Tensor merged_gemm(const torch::Tensor& x, std::initializer_list<const LinearImpl*> members) {
+// else kernels::merged_linear. `rebuild` (optional): filled with how to run the same GEMM again in backward.
+torch::Tensor merged_gemm(const torch::Tensor& x, std::initializer_list<const LinearImpl*> members,
+                          kernels::MergedRebuild* rebuild = nullptr) {
   std::vector<torch::Tensor> weights;
   for (const LinearImpl* l : members) weights.push_back(l->weight);
-  if (Float8State* fp8 = merged_fp8_state(members)) return float8_linear(x, weights, torch::Tensor(), *fp8);
+  if (Float8State* fp8 = merged_fp8_state(members)) return float8_linear(x, weights, torch::Tensor(), *fp8, rebuild);
+  if (rebuild != nullptr) *rebuild = kernels::merged_linear_rebuild(x, weights);
   return kernels::merged_linear(x, weights);
 }
 
@@ -39,21 +41,49 @@ GemmaMLPImpl::GemmaMLPImpl(const GemmaConfig& cfg, torch::TensorOptions options)
   down_proj = register_module("down_proj", Linear(cfg.mlp, cfg.width, false, options));
 }
 
-torch::Tensor GemmaMLPImpl::forward(const torch::Tensor& x) {
+torch::Tensor GemmaMLPImpl::forward(const torch::Tensor& x, bool recompute_gate_up) {
   profiler::Scope scope(fqn());
-  return down_proj(gelu_tanh(gate_proj(x)) * up_proj(x));
+  if (!recompute_gate_up) return down_proj(gelu_tanh(gate_proj(x)) * up_proj(x));
+  // The unit `mlp.gate_proj+up_proj` on the reference path: the two projections as one checkpointed call (they
+  // are re-run in backward; the elementwise ops after them still keep their inputs, so this path saves no memory:
+  // it exists so that every path accepts the unit with the same results).
+  GemmaMLPImpl* m = this;
+  auto gate_up = recompute(
+      [m](const std::vector<torch::Tensor>& in) {
+        return std::vector<torch::Tensor>{m->gate_proj(in[0]), m->up_proj(in[0])};
+      },
+      {x}, concat(gate_proj->parameters(), up_proj->parameters()));
+  return down_proj(gelu_tanh(gate_up[0]) * gate_up[1]);
 }
 
-torch::Tensor GemmaMLPImpl::forward_fused(const torch::Tensor& x) {
+torch::Tensor GemmaMLPImpl::forward_fused(const torch::Tensor& x, bool recompute_gate_up) {
   profiler::Scope scope(fqn());
   if (profiler::scopes_enabled()) {
     const int64_t rows = x.numel() / x.size(-1);
     profiler::note_gemm({&gate_proj->fqn(), &up_proj->fqn()}, rows, x.size(-1), 2 * gate_proj->weight.size(0));
     profiler::note_gemm({&down_proj->fqn()}, rows, down_proj->weight.size(1), down_proj->weight.size(0));
   }
-  auto merged = merged_gemm(x, {gate_proj.get(), up_proj.get()});  // [.., gate | up]
-  if (down_proj->fp8) return float8_geglu_linear(merged, down_proj->weight, *down_proj->fp8, down_proj->fqn());
-  return kernels::geglu_linear(merged, down_proj->weight, torch::Tensor(), down_proj->fqn());
+  if (!recompute_gate_up) {
+    auto merged = merged_gemm(x, {gate_proj.get(), up_proj.get()});  // [.., gate | up]
+    if (down_proj->fp8)
+      return float8_geglu_linear(merged, down_proj->weight, *down_proj->fp8, down_proj->fqn(), nullptr,
+                                 merged_fp8_state({gate_proj.get(), up_proj.get()}));
+    return kernels::geglu_linear(merged, down_proj->weight, torch::Tensor(), down_proj->fqn());
+  }
+  // The unit `mlp.gate_proj+up_proj`: the GeGLU node keeps what rebuilds the merged output (the GEMM's input, or
+  // its FP8 copy, which the GEMM's node keeps anyway) instead of the output, and runs the GEMM again at the start
+  // of its backward, in this module's scope and the recompute phase.
+  kernels::MergedRebuild rebuild;
+  auto merged = merged_gemm(x, {gate_proj.get(), up_proj.get()}, &rebuild);
+  rebuild.fn = [inner = std::move(rebuild.fn), scope_fqn = fqn()](const std::vector<torch::Tensor>& saved) {
+    profiler::RecomputePhaseGuard phase;
+    profiler::Scope scope(scope_fqn);
+    return inner(saved);
+  };
+  if (down_proj->fp8)
+    return float8_geglu_linear(merged, down_proj->weight, *down_proj->fp8, down_proj->fqn(), &rebuild,
+                               merged_fp8_state({gate_proj.get(), up_proj.get()}));
+  return kernels::geglu_linear(merged, down_proj->weight, torch::Tensor(), down_proj->fqn(), &rebuild);
 }
 
 GemmaDecoderLayerImpl::GemmaDecoderLayerImpl(const GemmaConfig& cfg, bool adaptive, int64_t cond_dim,
@@ -242,8 +272,8 @@ std::vector<torch::Tensor> joint_layer(GemmaDecoderLayerImpl& prefix, GemmaDecod
     attn = joint_attention(prefix, expert, np.y, ns.y, in, skip);
   }
 
-  auto run_mlp = [fused](GemmaMLPImpl& mlp, const torch::Tensor& x, bool checkpointed) {
-    if (!checkpointed) return fused ? mlp.forward_fused(x) : mlp.forward(x);
+  auto run_mlp = [fused](GemmaMLPImpl& mlp, const torch::Tensor& x, bool checkpointed, bool gate_up = false) {
+    if (!checkpointed) return fused ? mlp.forward_fused(x, gate_up) : mlp.forward(x, gate_up);
     GemmaMLPImpl* m = &mlp;
     return recompute(
         [m, fused](const std::vector<torch::Tensor>& in) {
@@ -280,7 +310,7 @@ std::vector<torch::Tensor> joint_layer(GemmaDecoderLayerImpl& prefix, GemmaDecod
     hp_out = hp + attn[0];
     np2 = prefix.pre_ffn_norm(hp_out, torch::Tensor());
   }
-  hp_out = hp_out + run_mlp(*prefix.mlp, np2.y, options.recompute_prefix_mlp);
+  hp_out = hp_out + run_mlp(*prefix.mlp, np2.y, options.recompute_prefix_mlp, options.recompute_prefix_gate_up);
   return {hp_out, hs_out};
 }
 

@@ -24,10 +24,15 @@ TORCH_MODULE(GemmaAttention);
 class GemmaMLPImpl : public ScopedModule {
  public:
   GemmaMLPImpl(const GemmaConfig& cfg, torch::TensorOptions options);
-  torch::Tensor forward(const torch::Tensor& x);
+  // recompute_gate_up: the recompute unit `<mlp>.gate_proj+up_proj` (the merged gate+up GEMM output is not kept
+  // from forward to backward but computed again at the start of the MLP's backward; same GEMM, same inputs, so
+  // identical gradients). Reference path: gate_proj and up_proj run under model::recompute().
+  torch::Tensor forward(const torch::Tensor& x, bool recompute_gate_up = false);
   // Fused path: gate_proj and up_proj as one GEMM (in this module's scope), GeGLU and down_proj as one autograd
-  // node that keeps only the merged GEMM output for backward (kernels::geglu_linear; down_proj keeps its scope).
-  torch::Tensor forward_fused(const torch::Tensor& x);
+  // node that keeps only the merged GEMM output for backward (kernels::geglu_linear; down_proj keeps its scope);
+  // with recompute_gate_up it keeps the GEMM's input instead (bf16: the normed activation x, which the GEMM's own
+  // node keeps for the weight gradient; FP8: that node's x_q^T) and rebuilds the output in backward.
+  torch::Tensor forward_fused(const torch::Tensor& x, bool recompute_gate_up = false);
   Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 TORCH_MODULE(GemmaMLP);
@@ -97,6 +102,7 @@ struct JointLayerOptions {
   bool recompute_attention = false;
   bool recompute_prefix_mlp = false;
   bool recompute_expert_mlp = false;
+  bool recompute_prefix_gate_up = false;  // the prefix MLP's merged gate+up output (GemmaMLPImpl::forward_fused)
 };
 
 // One joint layer: (hp, hs) -> {hp', hs'}; with skip_prefix -> {hs'} (hp only feeds the prefix K/V).

@@ -1,6 +1,7 @@
 #include "model/layers.h"
 
 #include <cmath>
+#include <stdexcept>
 
 #include "model/float8_linear.h"
 #include "profiler/scope.h"
@@ -43,6 +44,34 @@ Float8State* merged_fp8_state(std::initializer_list<const LinearImpl*> members) 
   for (const LinearImpl* l : members)
     if (l->fp8) return l->fp8.get();
   return nullptr;
+}
+
+bool pack_rows(const std::vector<torch::Tensor>& members) {
+  if (members.size() < 2) return false;
+  const torch::Tensor& first = members[0];
+  int64_t rows = 0;
+  for (const torch::Tensor& m : members) {
+    if (!m.defined() || m.dim() < 1 || m.scalar_type() != first.scalar_type() || m.device() != first.device() ||
+        m.sizes().slice(1) != first.sizes().slice(1))
+      throw std::invalid_argument(
+          "pack_rows: members must be defined tensors of one dtype and device with equal "
+          "sizes beyond dim 0");
+    rows += m.size(0);
+  }
+  if (first.device().is_meta() || kernels::packed_rows(members).defined()) return false;
+  std::vector<int64_t> sizes = first.sizes().vec();
+  sizes[0] = rows;
+  torch::NoGradGuard no_grad;
+  const torch::Tensor packed = torch::empty(sizes, first.options().requires_grad(false));
+  int64_t offset = 0;
+  for (const torch::Tensor& m : members) {
+    const int64_t n = m.size(0);
+    torch::Tensor slice = packed.narrow(0, offset, n);
+    slice.copy_(m.detach());
+    m.set_data(slice);
+    offset += n;
+  }
+  return true;
 }
 
 LayerNormImpl::LayerNormImpl(int64_t dim, double eps_, torch::TensorOptions options) : eps(eps_) {

@@ -46,6 +46,16 @@ TORCH_MODULE(Linear);
 // The FP8 state of a merged GEMM over these Linears: the first member's that has one, else null (bf16).
 Float8State* merged_fp8_state(std::initializer_list<const LinearImpl*> members);
 
+// Packs the members of a merged GEMM (weights of one layer's q/k/v, gate/up; or their biases) into one buffer
+// [sum N_i, ...] on their device in their dtype: the values are copied in and each member becomes a row slice of
+// the buffer (set_data, as FSDP's flat parameters; names, requires_grad, autograd hooks and state dicts are
+// unchanged), so kernels::merged_linear reads the stack as one view instead of concatenating. In-place writes
+// (optimizer, state-dict loads, EMA) keep the packing; anything that replaces a member's storage (Module::to(), a
+// new set_data) silently undoes it for that group (still correct: merged_linear falls back to at::cat) until
+// packed again. Returns false when there is nothing to do (fewer than two members, already packed, meta
+// device). Throws std::invalid_argument for members of different dtypes, devices or trailing sizes.
+bool pack_rows(const std::vector<torch::Tensor>& members);
+
 // LayerNorm over the last dim (SigLIP, eps 1e-6). Statistics accumulate in fp32 inside ATen for bf16 inputs.
 class LayerNormImpl : public ScopedModule {
  public:

@@ -18,8 +18,9 @@ const std::string kVisionTowerFqn = "paligemma_with_expert.paligemma.model.visio
 const std::string kVisionLayerPrefix = kVisionTowerFqn + ".vision_model.encoder.layers.";
 const std::string kPrefixLayerPrefix = "paligemma_with_expert.paligemma.model.language_model.layers.";
 const std::string kExpertLayerPrefix = "paligemma_with_expert.gemma_expert.model.layers.";
+const std::string kGateUpLeaf = "gate_proj+up_proj";
 
-enum class Unit { kVisionTower, kVisionLayer, kJointLayer, kJointAttention, kPrefixMlp, kExpertMlp };
+enum class Unit { kVisionTower, kVisionLayer, kJointLayer, kJointAttention, kPrefixMlp, kExpertMlp, kPrefixGateUp };
 struct UnitRef {
   Unit unit;
   int64_t index;
@@ -37,6 +38,9 @@ std::vector<std::pair<std::string, UnitRef>> recomputable_units(const Pi05Config
       out.push_back({layer, {Unit::kJointLayer, i}});
       out.push_back({layer + ".self_attn", {Unit::kJointAttention, i}});
       out.push_back({layer + ".mlp", {prefix == kPrefixLayerPrefix ? Unit::kPrefixMlp : Unit::kExpertMlp, i}});
+      // The backbone MLP's merged gate+up GEMM output (named as the profiler's GEMM inventory names the merged
+      // GEMM): the largest activation of the layer, the cheapest to recompute (one forward GEMM).
+      if (prefix == kPrefixLayerPrefix) out.push_back({layer + ".mlp." + kGateUpLeaf, {Unit::kPrefixGateUp, i}});
     }
   }
   return out;
@@ -46,8 +50,9 @@ std::vector<std::pair<std::string, UnitRef>> recomputable_units(const Pi05Config
 bool contains(const UnitRef& outer, const UnitRef& inner) {
   if (outer.unit == Unit::kVisionTower) return inner.unit == Unit::kVisionLayer;
   if (outer.unit == Unit::kJointLayer)
-    return inner.index == outer.index &&
-           (inner.unit == Unit::kJointAttention || inner.unit == Unit::kPrefixMlp || inner.unit == Unit::kExpertMlp);
+    return inner.index == outer.index && (inner.unit == Unit::kJointAttention || inner.unit == Unit::kPrefixMlp ||
+                                          inner.unit == Unit::kExpertMlp || inner.unit == Unit::kPrefixGateUp);
+  if (outer.unit == Unit::kPrefixMlp) return inner.unit == Unit::kPrefixGateUp && inner.index == outer.index;
   return false;
 }
 
@@ -130,11 +135,11 @@ void Pi05Impl::set_recompute(const std::vector<std::string>& fqns) {
   for (const std::string& fqn : fqns) {
     auto it = known.find(fqn);
     if (it == known.end())
-      throw std::invalid_argument("set_recompute: no recomputable module '" + fqn +
-                                  "' (recomputable: the vision tower, its encoder layers 0.." +
-                                  std::to_string(cfg_.vision.depth - 1) + ", decoder layers 0.." +
-                                  std::to_string(cfg_.backbone.depth - 1) +
-                                  " and their self_attn and mlp; see Pi05Impl::recomputable_fqns())");
+      throw std::invalid_argument(
+          "set_recompute: no recomputable module '" + fqn +
+          "' (recomputable: the vision tower, its encoder layers 0.." + std::to_string(cfg_.vision.depth - 1) +
+          ", decoder layers 0.." + std::to_string(cfg_.backbone.depth - 1) +
+          " and their self_attn and mlp, the backbone's mlp." + kGateUpLeaf + "; see Pi05Impl::recomputable_fqns())");
     for (const auto& [other, ref] : chosen) {
       if (contains(ref, it->second) || contains(it->second, ref)) {
         const bool other_outer = contains(ref, it->second);
@@ -151,6 +156,7 @@ void Pi05Impl::set_recompute(const std::vector<std::string>& fqns) {
   set.joint_attention.assign(depth, false);
   set.prefix_mlp.assign(depth, false);
   set.expert_mlp.assign(depth, false);
+  set.prefix_gate_up.assign(depth, false);
   for (const auto& [fqn, ref] : chosen) {
     const auto i = static_cast<size_t>(ref.index);
     switch (ref.unit) {
@@ -172,10 +178,42 @@ void Pi05Impl::set_recompute(const std::vector<std::string>& fqns) {
       case Unit::kExpertMlp:
         set.expert_mlp[i] = true;
         break;
+      case Unit::kPrefixGateUp:
+        set.prefix_gate_up[i] = true;
+        break;
     }
   }
   recompute_ = std::move(set);
   recompute_fqns_ = fqns;
+}
+
+std::vector<std::vector<torch::Tensor>> Pi05Impl::merged_groups() const {
+  std::vector<std::vector<torch::Tensor>> groups;
+  for (auto& layer : vision_tower().vision_model->encoder->layers) {
+    const SiglipAttentionImpl& a = *layer->self_attn;
+    groups.push_back({a.q_proj->weight, a.k_proj->weight, a.v_proj->weight});
+    groups.push_back({a.q_proj->bias, a.k_proj->bias, a.v_proj->bias});
+  }
+  for (GemmaModelImpl* model : {&language_model(), &expert_model()}) {
+    for (auto& layer : model->layers) {
+      const GemmaAttentionImpl& a = *layer->self_attn;
+      groups.push_back({a.q_proj->weight, a.k_proj->weight, a.v_proj->weight});
+      groups.push_back({layer->mlp->gate_proj->weight, layer->mlp->up_proj->weight});
+    }
+  }
+  return groups;
+}
+
+int64_t Pi05Impl::pack_merged_weights() {
+  int64_t packed = 0;
+  for (const auto& group : merged_groups()) packed += pack_rows(group) ? 1 : 0;
+  return packed;
+}
+
+bool Pi05Impl::merged_weights_packed() const {
+  for (const auto& group : merged_groups())
+    if (!kernels::packed_rows(group).defined()) return false;
+  return true;
 }
 
 void Pi05Impl::fill_missing_grads() {
@@ -334,6 +372,7 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
       layer_options.recompute_attention = recompute_.joint_attention[i];
       layer_options.recompute_prefix_mlp = recompute_.prefix_mlp[i];
       layer_options.recompute_expert_mlp = recompute_.expert_mlp[i];
+      layer_options.recompute_prefix_gate_up = recompute_.prefix_gate_up[i];
       result = joint_layer(*lp, *le, hp, hs, joint, layer_options);
     }
     hs = result.back();

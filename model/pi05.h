@@ -76,8 +76,12 @@ class Pi05Impl : public ScopedModule {
   // named by either of its branches (`...language_model.layers.i` and `...gemma_expert.model.layers.i` both
   // select joint layer i, which runs both branches together); each joint attention block `...layers.i.self_attn`
   // (either name: norm outputs -> o_proj outputs of both branches, incl. q/k/v, RoPE, attention); each decoder
-  // MLP `...layers.i.mlp` (prefix and expert separately). Throws std::invalid_argument naming an unknown FQN,
-  // or both FQNs of a nested selection (a module inside another selected one).
+  // MLP `...layers.i.mlp` (prefix and expert separately); each backbone MLP's merged gate+up GEMM output
+  // `...language_model.layers.i.mlp.gate_proj+up_proj` (named as the profiler's GEMM inventory names the merged
+  // GEMM; not a module: the output is rebuilt by the same GEMM at the start of the MLP's backward, contained by
+  // `...layers.i.mlp` and by joint layer i). The last backbone layer's units are listed like the others; with
+  // skip_dead its prefix MLP does not run, so selecting them changes nothing. Throws std::invalid_argument naming
+  // an unknown FQN, or both FQNs of a nested selection (a unit inside another selected one).
   void set_recompute(const std::vector<std::string>& fqns);
   std::vector<std::string> recomputable_fqns() const;
   const std::vector<std::string>& recompute_selection() const { return recompute_fqns_; }
@@ -91,6 +95,17 @@ class Pi05Impl : public ScopedModule {
   void set_fp8(const std::vector<std::string>& fqns, const Fp8Config& config = {});
   // The FP8 Linears (merged members included), in module order.
   std::vector<std::string> fp8_selection() const;
+
+  // Packs the members of every merged GEMM into one buffer per group (model::pack_rows): per decoder layer and
+  // branch q_proj/k_proj/v_proj weights (the last backbone layer's k_proj/v_proj, the group of its skipped-prefix
+  // GEMM, are adjacent in it) and gate_proj/up_proj weights; per SigLIP encoder layer q/k/v weights and q/k/v
+  // biases. The fused path then reads each stack as a view (no at::cat per step). Names, state dicts and
+  // checkpoints are unchanged. Call it once the parameters are on their final device and dtype (after init or
+  // a load, which copy in place anyway); Module::to() or anything else that replaces a member's storage undoes
+  // it (still correct, slower): pack again. Returns the number of groups packed by this call (0: already packed).
+  int64_t pack_merged_weights();
+  // True when every merged group is packed.
+  bool merged_weights_packed() const;
 
   // Parameters that got no gradient (the dead last-layer prefix work, unused rows...) get zero gradients, so
   // optimizers and gradient all-reduce see every parameter.
@@ -109,9 +124,11 @@ class Pi05Impl : public ScopedModule {
  private:
   struct RecomputeSet {
     bool vision_tower = false;
-    std::vector<bool> vision_layer, joint_layer, joint_attention, prefix_mlp, expert_mlp;
+    std::vector<bool> vision_layer, joint_layer, joint_attention, prefix_mlp, expert_mlp, prefix_gate_up;
   };
   Pi05Config cfg_;
+  // The members of every merged GEMM (weights, and SigLIP's biases as groups of their own), in model order.
+  std::vector<std::vector<torch::Tensor>> merged_groups() const;
   RecomputeSet recompute_;
   std::vector<std::string> recompute_fqns_;
   std::vector<std::string> fp8_fqns_;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <unordered_map>
 
+#include "profiler/comm_stats.h"
+
 namespace vlatune::profiler {
 
 namespace {
@@ -62,13 +64,21 @@ AttributionResult attribute(const TraceData& trace, int64_t steps, const std::ma
   for (const auto& s : trace.scopes) instance[s.id] = &s;
 
   // Module rows in order of first appearance.
+  // Scopes of one module share its row: the per-group "<comm>:group" scopes all count for "<comm>" (comm_stats.h).
   std::vector<formats::ModuleCost> rows;
   std::unordered_map<int32_t, size_t> row_of;
-  auto row = [&](int32_t fqn) -> formats::ModuleCost& {
+  std::unordered_map<std::string, size_t> row_of_name;
+  auto row_index = [&](int32_t fqn) -> size_t {
     auto it = row_of.find(fqn);
-    if (it != row_of.end()) return rows[it->second];
+    if (it != row_of.end()) return it->second;
+    const std::string name = attribution_module_name(trace.names.at(static_cast<size_t>(fqn)));
+    auto named = row_of_name.find(name);
+    if (named != row_of_name.end()) {
+      row_of.emplace(fqn, named->second);
+      return named->second;
+    }
     formats::ModuleCost m;
-    m.fqn = trace.names.at(static_cast<size_t>(fqn));
+    m.fqn = name;
     auto info = modules.find(m.fqn);
     if (info != modules.end()) {
       m.kind = info->second.kind;
@@ -77,9 +87,11 @@ AttributionResult attribute(const TraceData& trace, int64_t steps, const std::ma
       m.kind = !m.fqn.empty() && m.fqn[0] == '<' ? "pseudo" : "module";
     }
     row_of.emplace(fqn, rows.size());
+    row_of_name.emplace(m.fqn, rows.size());
     rows.push_back(std::move(m));
-    return rows.back();
+    return rows.size() - 1;
   };
+  auto row = [&](int32_t fqn) -> formats::ModuleCost& { return rows[row_index(fqn)]; };
   for (const auto& s : trace.scopes) {
     if (s.fqn >= 0) row(s.fqn);
   }
@@ -87,7 +99,7 @@ AttributionResult attribute(const TraceData& trace, int64_t steps, const std::ma
   AttributionResult result;
   std::unordered_map<std::string, KernelAcc> all, unattributed;
   double total_ms = 0, attributed_ms = 0;
-  std::vector<int32_t> chain;
+  std::vector<size_t> chain;  // rows
   for (const ActivityRecord& a : trace.activities) {
     const double ms = static_cast<double>(a.end_ns > a.start_ns ? a.end_ns - a.start_ns : 0) / 1e6;
     total_ms += ms;
@@ -115,15 +127,16 @@ AttributionResult attribute(const TraceData& trace, int64_t steps, const std::ma
     row(s.fqn).self_ms += ms / per_step;
     // Ancestry: the instance's module, then its parents' (distinct modules only).
     chain.clear();
-    chain.push_back(s.fqn);
+    chain.push_back(row_index(s.fqn));
     for (uint64_t p = s.parent; p != 0;) {
       auto pit = instance.find(p);
       if (pit == instance.end()) break;
-      if (std::find(chain.begin(), chain.end(), pit->second->fqn) == chain.end()) chain.push_back(pit->second->fqn);
+      const size_t r = row_index(pit->second->fqn);
+      if (std::find(chain.begin(), chain.end(), r) == chain.end()) chain.push_back(r);
       p = pit->second->parent;
     }
-    for (int32_t fqn : chain) {
-      formats::ModuleCost& m = row(fqn);
+    for (size_t r : chain) {
+      formats::ModuleCost& m = rows[r];
       m.kernels += 1;  // launches, inclusive; divided by the step count below
       switch (s.phase) {
         case Phase::kBackward:
@@ -147,7 +160,7 @@ AttributionResult attribute(const TraceData& trace, int64_t steps, const std::ma
     activation[s.fqn] += static_cast<double>(s.allocated_end - s.allocated_begin);
   }
   for (const auto& [fqn, bytes] : activation) {
-    row(fqn).activation_bytes = std::max<int64_t>(0, static_cast<int64_t>(bytes / per_step));
+    row(fqn).activation_bytes += std::max<int64_t>(0, static_cast<int64_t>(bytes / per_step));
   }
 
   result.modules = std::move(rows);

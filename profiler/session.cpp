@@ -10,6 +10,7 @@
 #include <iomanip>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include "formats/json_io.h"
@@ -44,10 +45,11 @@ bool starts_with(const std::string& s, const std::string& prefix) {
 // Device memory through the caching allocator (CUDA only).
 struct Memory {
   bool cuda = false;
+  c10::DeviceIndex device = 0;  // the model's GPU (cuda:LOCAL_RANK under `vlatune launch`)
   int64_t allocated() const {
 #ifdef VLATUNE_HAVE_CUDA
     if (cuda) {
-      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
       return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
     }
 #endif
@@ -56,7 +58,7 @@ struct Memory {
   double peak_gib() const {
 #ifdef VLATUNE_HAVE_CUDA
     if (cuda) {
-      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
       return static_cast<double>(
                  stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak) /
              kGiB;
@@ -66,7 +68,7 @@ struct Memory {
   }
   void reset_peak() const {
 #ifdef VLATUNE_HAVE_CUDA
-    if (cuda) c10::cuda::CUDACachingAllocator::resetPeakStats(0);
+    if (cuda) c10::cuda::CUDACachingAllocator::resetPeakStats(device);
 #endif
   }
   void release_cache() const {
@@ -90,9 +92,30 @@ bool unit_contains(const std::string& outer, const std::string& inner) {
   return starts_with(i, o + ".");
 }
 
-// Is module `fqn` recomputed under `selection`? (Inside a selected unit; joint units cover both branches.)
+// A unit named by a merged GEMM ("<mlp>.gate_proj+up_proj", not a module): the module whose scope runs it ("<mlp>");
+// any other FQN: itself.
+std::string scope_module(const std::string& fqn) {
+  const auto dot = fqn.rfind('.');
+  if (dot == std::string::npos || fqn.find('+', dot) == std::string::npos) return fqn;
+  return fqn.substr(0, dot);
+}
+
+// Is module `fqn` recomputed under `selection`? (Inside a selected unit; joint units cover both branches; a merged
+// GEMM's unit covers its member Linears.)
 bool covered(const std::string& fqn, const std::vector<std::string>& selection) {
   for (const auto& sel : selection) {
+    if (scope_module(sel) != sel) {
+      const std::string parent = scope_module(sel), leaves = sel.substr(parent.size() + 1);
+      const auto dot = fqn.rfind('.');
+      if (dot == std::string::npos || fqn.substr(0, dot) != parent) continue;
+      const std::string leaf = fqn.substr(dot + 1);
+      for (size_t start = 0; start <= leaves.size();) {
+        const size_t plus = std::min(leaves.find('+', start), leaves.size());
+        if (leaves.compare(start, plus - start, leaf) == 0 && plus - start == leaf.size()) return true;
+        start = plus + 1;
+      }
+      continue;
+    }
     const std::string s = canonical_unit(sel);
     if (fqn == s || starts_with(fqn, s + ".")) return true;
     if (starts_with(s, kLm)) {  // the expert half of a joint unit
@@ -137,6 +160,7 @@ class Session {
   Session(model::Pi05Impl& model, const StepDriver& driver, const ProfileOptions& options, std::ostream& log)
       : model_(model), driver_(driver), opt_(options), log_(log) {
     memory_.cuda = model.parameters().front().is_cuda();
+    if (memory_.cuda) memory_.device = model.parameters().front().device().index();
     baseline_ = model.recompute_selection();
   }
 
@@ -149,6 +173,7 @@ class Session {
   std::map<std::string, int64_t> probe_output_bytes();
   void recompute_ab(formats::BatchProfile& b, const Timed& base);
   std::vector<formats::GemmEntry> gemm_inventory(const std::vector<GemmShapeRecord>& shapes);
+  void measure_communication(const TraceData& trace);
 
   model::Pi05Impl& model_;
   const StepDriver& driver_;
@@ -159,6 +184,7 @@ class Session {
   int64_t next_step_ = 0;
   std::string tracer_kind_ = "none";
   std::vector<std::string> degraded_;
+  std::optional<formats::Communication> communication_;
 };
 
 Timed Session::time_steps(int64_t warmup, int64_t n) {
@@ -254,6 +280,7 @@ formats::BatchProfile Session::profile_batch(int64_t batch, bool first, TraceDat
   }
   recorder.take(&trace);
   *traced_ms = median(traced);
+  if (first && opt_.world_size >= 2 && tracer) measure_communication(trace);
 
   const AttributionResult a = attribute(trace, opt_.steps, module_infos(model_));
   b.modules = a.modules;
@@ -297,12 +324,39 @@ formats::BatchProfile Session::profile_batch(int64_t batch, bool first, TraceDat
   return b;
 }
 
+// Multi-GPU: per-group all-reduce time, bus bandwidth and exposed communication of the traced steps.
+void Session::measure_communication(const TraceData& trace) {
+  const CommStats c = communication_from_trace(trace, opt_.comm_groups, opt_.world_size);
+  if (c.unattributed_nccl > 0)
+    degraded_.push_back(std::to_string(c.unattributed_nccl) +
+                        " NCCL kernels were outside any scope: not in the communication section");
+  if (c.steps == 0) {
+    degraded_.push_back("world size " + std::to_string(opt_.world_size) +
+                        " but no NCCL kernel was traced: no communication section");
+    log_ << "profile: no NCCL kernel traced; no communication section" << std::endl;
+    return;
+  }
+  communication_ = c.communication;
+  double ms = 0;
+  int64_t bytes = 0;
+  for (const auto& g : c.communication.groups) {
+    ms += g.allreduce_ms;
+    bytes += g.bytes;
+  }
+  log_ << "profile: communication over " << opt_.world_size << " ranks: " << c.communication.groups.size()
+       << " group(s), " << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / 1048576.0 << " MiB, "
+       << std::setprecision(2) << ms << " ms of all-reduce per step, bus " << std::setprecision(1)
+       << c.communication.allreduce_gbps << " GB/s, exposed " << std::setprecision(2) << c.communication.exposed_ms
+       << " ms per step (median of " << c.exposed_ms_per_step.size() << ")" << std::defaultfloat << std::endl;
+}
+
 std::map<std::string, int64_t> Session::probe_output_bytes() {
   std::map<std::string, int64_t> out;
   if (!memory_.cuda || !driver_.forward_only) return out;
   std::vector<std::string> coarse, fine;
   for (const auto& fqn : model_.recomputable_fqns()) {
     if (starts_with(fqn, kExpert) && canonical_unit(fqn) != fqn) continue;  // the backbone name stands for it
+    if (scope_module(fqn) != fqn) continue;  // a merged GEMM's unit has no scope (plan: rows x N x 2 bytes)
     const bool is_tower = fqn.size() >= 12 && fqn.compare(fqn.size() - 12, 12, "vision_tower") == 0;
     const bool is_layer = starts_with(fqn, kLm) && fqn.find('.', kLm.size()) == std::string::npos;
     (is_tower || is_layer ? coarse : fine).push_back(fqn);
@@ -335,8 +389,9 @@ void Session::recompute_ab(formats::BatchProfile& b, const Timed& base) {
   std::set<std::string> ran;  // modules that ran (dead work skipped by skip_dead has no row)
   for (const auto& m : b.modules) ran.insert(m.fqn);
   for (auto [name, fqns] : classes) {
-    fqns.erase(std::remove_if(fqns.begin(), fqns.end(), [&](const std::string& f) { return ran.count(f) == 0; }),
-               fqns.end());
+    fqns.erase(
+        std::remove_if(fqns.begin(), fqns.end(), [&](const std::string& f) { return ran.count(scope_module(f)) == 0; }),
+        fqns.end());
     if (fqns.empty()) continue;
     formats::RecomputeCandidate c;
     c.name = name;
@@ -461,6 +516,7 @@ formats::Profile Session::run() {
   }
   p.gemms = gemm_inventory(trace.gemms);
 
+  p.communication = communication_;
   p.settings.tracer = tracer_kind_;
   p.settings.degraded = degraded_;
   if (!opt_.out_dir.empty()) {
@@ -478,7 +534,7 @@ formats::Profile Session::run() {
 }  // namespace
 
 std::vector<std::pair<std::string, std::vector<std::string>>> recompute_classes(const model::Pi05Impl& model) {
-  std::vector<std::string> vit, attention, backbone_mlp, expert_mlp, layers;
+  std::vector<std::string> vit, attention, backbone_mlp, backbone_gate_up, expert_mlp, layers;
   for (const auto& fqn : model.recomputable_fqns()) {
     if (fqn.find("vision_model.encoder.layers.") != std::string::npos) {
       vit.push_back(fqn);
@@ -491,6 +547,8 @@ std::vector<std::pair<std::string, std::vector<std::string>>> recompute_classes(
         attention.push_back(fqn);
       else if (rest.substr(dot) == ".mlp")
         backbone_mlp.push_back(fqn);
+      else if (rest.substr(dot) == ".mlp.gate_proj+up_proj")
+        backbone_gate_up.push_back(fqn);
     } else if (starts_with(fqn, kExpert) && fqn.size() > 4 && fqn.compare(fqn.size() - 4, 4, ".mlp") == 0) {
       expert_mlp.push_back(fqn);
     }
@@ -498,6 +556,7 @@ std::vector<std::pair<std::string, std::vector<std::string>>> recompute_classes(
   return {{"vit_layers", vit},
           {"joint_attention", attention},
           {"backbone_mlp", backbone_mlp},
+          {"backbone_mlp_gate_up", backbone_gate_up},
           {"expert_mlp", expert_mlp},
           {"decoder_layers", layers}};
 }

@@ -17,6 +17,7 @@
 
 #include "formats/profile.h"
 #include "model/pi05.h"
+#include "profiler/comm_stats.h"
 
 namespace vlatune::profiler {
 
@@ -46,6 +47,11 @@ struct ProfileOptions {
   std::string data_label = "synthetic";
   formats::Recipe recipe;  // the recipe profiled (recorded in profile.json)
   formats::Environment environment;
+  // Data-parallel (every rank runs the session; only rank 0 sets out_dir): with world_size >= 2 and a tracer, the
+  // traced steps at batches[0] fill profile.json's communication section (comm_stats.h). comm_groups: the
+  // gradient groups in launch order (GradBuckets::groups(): name, bytes).
+  int world_size = 1;
+  std::vector<CommGroupInfo> comm_groups;
 };
 
 // Runs the whole session and writes out_dir/profile.json (and the trace). Progress lines go to `log`.
@@ -53,8 +59,9 @@ formats::Profile run_profile(model::Pi05Impl& model, const StepDriver& driver, c
                              std::ostream& log);
 
 // Recompute candidate classes of the model: name -> recomputable FQNs ("vit_layers", "joint_attention",
-// "backbone_mlp", "expert_mlp", "decoder_layers"). Joint attention covers both branches (one attention over
-// prefix and suffix), so the "backbone attention" and "expert attention" are one class here.
+// "backbone_mlp", "backbone_mlp_gate_up" (each backbone MLP's merged gate+up output), "expert_mlp",
+// "decoder_layers"). Joint attention covers both branches (one attention over prefix and suffix), so the issue's
+// "backbone attention" and "expert attention" are one class here.
 std::vector<std::pair<std::string, std::vector<std::string>>> recompute_classes(const model::Pi05Impl& model);
 
 }  // namespace vlatune::profiler

@@ -17,6 +17,11 @@
 #   --bench-repetitions N  Google Benchmark repetitions (default: 10)
 #   --test-filter SPEC     Catch2 test spec for the GPU tests (default: "[gpu]")
 #   --train-steps N        also run `vlatune train` (full size, synthetic data, batch 32, ViT recomputed) for N steps
+#   --train-recipes LIST   with --train-steps: instead, train once per recipe in the comma-separated LIST ("none" =
+#                          the default recipe); the summary gives each run's ratio to the reference variant doing
+#                          the same work (FP8 recipes vs compiled-fp8, the others vs compiled)
+#   --build-only           build and exit (e.g. before starting side jobs on another GPU)
+#   --no-build             use the existing build-gpu/ (after --build-only in the same call)
 #   --skip-tests           only build and benchmark
 #   --no-ctest             run the GPU tests but not the CPU tests (ctest)
 set -uo pipefail
@@ -31,6 +36,9 @@ test_filter="[gpu]"
 skip_tests=0
 no_ctest=0
 train_steps=0
+train_recipes=""
+build_only=0
+no_build=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --ref) refs="$2"; shift 2 ;;
@@ -40,6 +48,9 @@ while [ $# -gt 0 ]; do
     --skip-tests) skip_tests=1; shift ;;
     --no-ctest) no_ctest=1; shift ;;
     --train-steps) train_steps="$2"; shift 2 ;;
+    --train-recipes) train_recipes="$2"; shift 2 ;;
+    --build-only) build_only=1; shift ;;
+    --no-build) no_build=1; shift ;;
     *) echo "gpu-check: unknown option '$1'" >&2; exit 4 ;;
   esac
 done
@@ -51,8 +62,9 @@ log "environment"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 "$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 
-log "build (build-gpu/)"
 t0=$(date +%s)
+if [ "$no_build" = 0 ]; then
+log "build (build-gpu/)"
 prefix="$root/.deps/root/usr"
 [ -d "$prefix" ] || { echo "gpu-check: .deps missing: run scripts/pack-deps.sh here and carry .deps" >&2; exit 4; }
 commit="$(git rev-parse --short=12 HEAD 2>/dev/null || echo "${VLATUNE_COMMIT:-unknown}")"
@@ -62,7 +74,10 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DVLATUNE_PYTHON="$p
 ninja -C build-gpu -j "$(nproc)" >/tmp/build.log 2>&1 || { cp /tmp/build.log "$out/"; tail -60 /tmp/build.log; exit 1; }
 build_s=$(( $(date +%s) - t0 ))
 echo "built in ${build_s}s"
+fi
+[ "$no_build" = 1 ] && build_s=0
 ./build-gpu/cli/vlatune --version
+[ "$build_only" = 1 ] && exit 0
 
 if [ "$skip_tests" = 0 ]; then
   log "GPU tests ($test_filter)"
@@ -75,13 +90,28 @@ if [ "$skip_tests" = 0 ]; then
   fi
 fi
 
-if [ "$train_steps" -gt 0 ]; then
+if [ "$train_steps" -gt 0 ] && [ -n "$train_recipes" ]; then
+  IFS=',' read -ra recipes <<<"$train_recipes"
+  for r in "${recipes[@]}"; do
+    label="$(basename "$r" .json)"
+    args=()
+    [ "$r" = none ] || args=(--recipe "$r")
+    log "vlatune train: full, synthetic, batch 32, $train_steps steps, recipe $r"
+    rm -rf /tmp/vlatune-run
+    ./build-gpu/cli/vlatune train --config full --data synthetic --batch 32 --steps "$train_steps" "${args[@]}" \
+      --out /tmp/vlatune-run --no-progress --log-every 5 --no-save 2>&1 | tail -6
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    cp /tmp/vlatune-run/run.json "$out/train_$label.json" 2>/dev/null
+    cp /tmp/vlatune-run/metrics.jsonl "$out/train_${label}_metrics.jsonl" 2>/dev/null
+    rm -rf /tmp/vlatune-run
+  done
+elif [ "$train_steps" -gt 0 ]; then
   log "vlatune train: full, synthetic, batch 32, ViT recomputed, $train_steps steps"
   recipe=/tmp/vit_recompute.json
   echo '{"schema": "vlatune.recipe/1", "recompute": {"modules": ["paligemma_with_expert.paligemma.model.vision_tower.vision_model.encoder.layers.*"]}}' >"$recipe"
   rm -rf /tmp/vlatune-run
   ./build-gpu/cli/vlatune train --config full --data synthetic --batch 32 --steps "$train_steps" --recipe "$recipe" \
-    --out /tmp/vlatune-run --no-progress --log-every 5 --checkpoint-every 0 2>&1 | tail -12
+    --out /tmp/vlatune-run --no-progress --log-every 5 --no-save 2>&1 | tail -12
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
   cp /tmp/vlatune-run/run.json "$out/train_run.json" 2>/dev/null
   cp /tmp/vlatune-run/metrics.jsonl "$out/train_metrics.jsonl" 2>/dev/null
@@ -127,6 +157,17 @@ for line in open(refs):
     r = json.loads(line)
     rows.append(("reference " + r["tag"], "%.1f ms" % (r["step_s_median"] * 1e3),
                  "samples/s %.1f, peak_GiB %.1f" % (r["samples_per_s"], r["peak_gib"])))
+ref_by_tag = {json.loads(l)["tag"]: json.loads(l) for l in open(refs)}
+import glob
+for path in sorted(glob.glob(os.path.join(os.path.dirname(train), "train_*.json"))):
+    if path == train: continue
+    r = json.load(open(path))
+    fp8 = "fp8" in os.path.basename(path)  # recipe files name their precision
+    ref = ref_by_tag.get("compiled-fp8" if fp8 else "compiled")
+    sps = r.get("samples_per_s_median") or 0
+    ratio = ", %.3fx %s" % (sps / ref["samples_per_s"], ref["tag"]) if ref and ref["samples_per_s"] else ""
+    rows.append(("vlatune " + os.path.basename(path)[6:-5], "%.1f ms" % (32e3 / sps) if sps else "-",
+                 "samples/s %.2f, peak_GiB %.2f%s" % (sps, r.get("peak_gib") or 0, ratio)))
 if os.path.exists(train):
     r = json.load(open(train))
     ms = sorted(r["per_step"]["step_ms"])

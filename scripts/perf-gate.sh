@@ -14,6 +14,7 @@
 #   --steps N          optimizer steps (default 40; the first 3 are warm-up, >= 9 must remain for the U test)
 #   --update-baseline  when the run is a significant improvement, $OUT/NAME.json is the new baseline to commit
 #   --no-baseline      only train and write $OUT/NAME.json (to create the first baseline)
+#   --vlatune PATH     use this binary (skip the build; e.g. after gpu-check.sh --build-only in the same call)
 #   -- ARGS            further arguments for `vlatune check` (e.g. -- --threshold 5)
 #
 # Environment: VLATUNE_COMMIT names the commit when the tree arrives without .git.
@@ -26,6 +27,7 @@ name="pi05_full_bs32"
 steps=40
 update=0
 no_baseline=0
+vlatune=""
 check_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -33,6 +35,7 @@ while [ $# -gt 0 ]; do
     --steps) steps="$2"; shift 2 ;;
     --update-baseline) update=1; shift ;;
     --no-baseline) no_baseline=1; shift ;;
+    --vlatune) vlatune="$2"; shift 2 ;;
     --) shift; check_args=("$@"); break ;;
     *) echo "perf-gate: unknown option '$1'" >&2; exit 4 ;;
   esac
@@ -48,23 +51,25 @@ fi
 echo "== environment"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader || true
 
-echo "== build (build-gpu/, target vlatune)"
-python="$(command -v python3)"
-prefix="$root/.deps/root/usr"
-[ -d "$prefix" ] || { echo "perf-gate: .deps missing: run scripts/pack-deps.sh here and carry .deps" >&2; exit 4; }
-commit="$(git rev-parse --short=12 HEAD 2>/dev/null || echo "${VLATUNE_COMMIT:-unknown}")"
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DVLATUNE_PYTHON="$python" -DVLATUNE_CUDA=ON \
-  -DVLATUNE_GIT_COMMIT="$commit" -DCMAKE_PREFIX_PATH="$prefix" >/tmp/perf-cmake.log 2>&1 \
-  || { tail -40 /tmp/perf-cmake.log; exit 4; }
-ninja -C build-gpu -j "$(nproc)" vlatune >/tmp/perf-build.log 2>&1 || { tail -60 /tmp/perf-build.log; exit 4; }
-vlatune="$root/build-gpu/cli/vlatune"
+if [ -z "$vlatune" ]; then
+  echo "== build (build-gpu/, target vlatune)"
+  python="$(command -v python3)"
+  prefix="$root/.deps/root/usr"
+  [ -d "$prefix" ] || { echo "perf-gate: .deps missing: run scripts/pack-deps.sh here and carry .deps" >&2; exit 4; }
+  commit="$(git rev-parse --short=12 HEAD 2>/dev/null || echo "${VLATUNE_COMMIT:-unknown}")"
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DVLATUNE_PYTHON="$python" -DVLATUNE_CUDA=ON \
+    -DVLATUNE_GIT_COMMIT="$commit" -DCMAKE_PREFIX_PATH="$prefix" >/tmp/perf-cmake.log 2>&1 \
+    || { tail -40 /tmp/perf-cmake.log; exit 4; }
+  ninja -C build-gpu -j "$(nproc)" vlatune >/tmp/perf-build.log 2>&1 || { tail -60 /tmp/perf-build.log; exit 4; }
+  vlatune="$root/build-gpu/cli/vlatune"
+fi
 "$vlatune" --version
 
 echo "== vlatune train: full, synthetic, batch 32, $steps steps, recipe $recipe"
 run_dir=/tmp/vlatune-perf-gate
 rm -rf "$run_dir"
 "$vlatune" train --config full --data synthetic --batch 32 --steps "$steps" --recipe "$recipe" --seed 0 \
-  --timing-warmup 3 --out "$run_dir" --no-progress --log-every 10 --checkpoint-every 0 2>&1 | tail -8
+  --timing-warmup 3 --out "$run_dir" --no-progress --log-every 10 --no-save 2>&1 | tail -8
 [ "${PIPESTATUS[0]}" = 0 ] || { echo "perf-gate: training failed" >&2; exit 4; }
 cp "$run_dir/run.json" "$out/run.json"
 cp "$run_dir/metrics.jsonl" "$out/metrics.jsonl" 2>/dev/null

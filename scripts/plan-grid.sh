@@ -49,7 +49,7 @@ for recipe in "$grid"/candidate_*.json; do
   echo "== candidate $i: $recipe"
   # The recipe sets the micro-batch; no --batch here, so the trainer compares its prediction too.
   "$vlatune" train --config full --data synthetic --recipe "$recipe" --steps "$steps" \
-    --timing-warmup "$timing_warmup" --out "$run" --no-progress --log-every 4 --checkpoint-every 0 2>&1 | tail -4
+    --timing-warmup "$timing_warmup" --out "$run" --no-progress --log-every 4 --no-save 2>&1 | tail -4
   [ "${PIPESTATUS[0]}" = 0 ] || { echo "plan-grid: candidate $i failed (out of memory?)"; status=1; }
   rm -rf "$run/checkpoints" "$run/final"  # keep run.json and metrics.jsonl only
 done

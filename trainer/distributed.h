@@ -16,19 +16,19 @@
 //   NVLink multicast is never switched on by vlatune: NCCL_NVLS_ENABLE=0 is exported before NCCL initializes
 //   unless the user exported it (a non-zero user value is reported in the log).
 //
-// Profiler (the GPU session's part): gradient all-reduces are launched inside profiler::Scope("<comm>")
-// (grad_buckets.cpp), so CUPTI attributes NCCL kernels to the pseudo-module "<comm>". profile.json's
-// `communication` section (formats/profile.h Communication) is to be filled by `vlatune profile` under
-// `vlatune launch --nproc 2`, on rank 0, as follows:
+// Profiler: each group's all-reduce is launched inside profiler::Scope("<comm>:<group>") (grad_buckets.cpp), so
+// CUPTI attributes its NCCL kernels to the group; the attribution tables count those scopes as the pseudo-module
+// "<comm>". profile.json's `communication` section (formats/profile.h Communication) is filled by `vlatune
+// profile` under `vlatune launch --nproc N` (every rank runs the steps, rank 0 writes), from the traced steps at
+// the requested batch (profiler/comm_stats.h communication_from_trace):
 //   - groups[i].name / bytes: GradBuckets::groups() (name, numel x element size of the reduce dtype).
-//   - groups[i].allreduce_ms: the median over the measured steps of the NCCL kernel time attributed to the
-//     group: GradBuckets opens one "<comm>" scope per group launch; the session can key the records by the
-//     launch order (groups launch in GradBuckets order on every rank), or the scope name can carry the group.
+//   - groups[i].allreduce_ms: the median over the traced steps of the NCCL kernel time launched in the group's
+//     scope.
 //   - allreduce_gbps: bus bandwidth = sum(bytes) x 2 (n-1)/n / sum(allreduce_ms), the same ring formula the tuner
-//     inverts (tuner/grouping.h allreduce_ms); optionally from a dedicated sweep (e.g. 64 MiB all-reduces).
-//   - exposed_ms: per step, the time between the end of the last backward kernel on the compute stream and the
-//     end of the last NCCL kernel (0 when communication finished first), median over steps. With the tracer off
-//     the same number is step_ms(world 2) - step_ms(world 1) at equal per-rank batch, which bench/ can report.
+//     inverts (tuner/grouping.h allreduce_ms).
+//   - exposed_ms: per step, the time between the end of the last backward compute kernel and the end of the last
+//     NCCL kernel (0 when communication finished first), median over steps. With the tracer off the same number
+//     is step_ms(world 2) - step_ms(world 1) at equal per-rank batch, which scripts/multi-gpu-check.sh reports.
 #pragma once
 
 #include <chrono>

@@ -75,6 +75,9 @@ struct GradBuckets::State {
   std::vector<at::Tensor> params;
   std::vector<std::string> names;
   std::vector<Group> groups;
+  // Per group: the scope its all-reduce is launched in, "<comm>:name" (profiler/comm_stats.h comm_scope_name), so
+  // the profiler keys NCCL time by group; the attribution tables count it as "<comm>".
+  std::vector<std::string> scope_names;
   std::vector<at::Tensor> flat;  // one buffer per group, in the reduce dtype
   std::vector<int64_t> offset;   // per parameter: its offset in its group's buffer
   std::vector<size_t> group_of;  // per parameter
@@ -135,7 +138,7 @@ struct GradBuckets::State {
 
   // Caller holds `mutex`.
   void launch(size_t g, bool in_backward) {
-    profiler::Scope scope(kCommScopeName, in_backward ? profiler::Phase::kBackward : profiler::Phase::kOther);
+    profiler::Scope scope(scope_names[g], in_backward ? profiler::Phase::kBackward : profiler::Phase::kOther);
 #ifdef VLATUNE_HAVE_NCCL
     if (cuda) {
       // The hook runs on the autograd device thread, whose current stream is the one backward computes on.
@@ -258,6 +261,7 @@ GradBuckets::GradBuckets(std::shared_ptr<ProcessGroup> pg,
     if (group.params.empty()) continue;
     group.bytes = group.numel * static_cast<int64_t>(c10::elementSize(dtype));
     s.flat.push_back(at::zeros({group.numel}, s.params[group.params.front()].options().dtype(dtype)));
+    s.scope_names.push_back(kCommScopeName + ":" + group.name);
     s.groups.push_back(std::move(group));
   }
   for (size_t p = 0; p < s.params.size(); ++p)

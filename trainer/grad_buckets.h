@@ -19,7 +19,9 @@
 //             for it before clipping and AdamW. CPU (Gloo): the collective runs on Gloo's threads; finish() waits.
 //   modes     overlap (default) as above, or one bucket after backward (all parameters, one all-reduce started by
 //             finish(): the baseline the overlap is measured against; `vlatune train --dist-buckets one`).
-//   profiler  every launch and the final unpack run inside profiler::Scope("<comm>").
+//   profiler  every group's launch runs inside profiler::Scope("<comm>:<group name>") and the final unpack inside
+//             profiler::Scope("<comm>"): the attribution tables count both as "<comm>", profile.json's
+//             communication section keys NCCL time per group by the name (profiler/comm_stats.h).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,6 @@
 #include "trainer/recipe_apply.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "formats/fqn_pattern.h"
@@ -37,8 +38,15 @@ AppliedRecipe apply_recipe(const formats::Recipe& recipe, const std::string& fil
                               : model::Attention::kLean;
   out.precision = formats::to_string(recipe.model_options.precision);
 
-  // 3. Recompute: patterns -> FQNs (errors: no match, nesting) -> the model (errors: not recomputable).
-  out.recompute = formats::resolve_patterns(recipe.recompute.modules, module_fqns(model), file, "$.recompute.modules");
+  // 3. Recompute: patterns -> FQNs (errors: no match, nesting) -> the model (errors: not recomputable). The names
+  // are the modules plus the recomputable units that are not modules (a merged GEMM's output,
+  // `...mlp.gate_proj+up_proj`: nested in its MLP, so selecting both is the usual nesting error).
+  {
+    std::vector<std::string> names = module_fqns(model);
+    for (const std::string& unit : model.recomputable_fqns())
+      if (std::find(names.begin(), names.end(), unit) == names.end()) names.push_back(unit);
+    out.recompute = formats::resolve_patterns(recipe.recompute.modules, names, file, "$.recompute.modules");
+  }
   try {
     model.set_recompute(out.recompute);
   } catch (const std::invalid_argument& e) {

@@ -411,7 +411,7 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& call
       log << " | ETA " << format_duration(eta_s) << std::defaultfloat << "\n";
     }
 
-    if (opt.checkpoint_every > 0 && (step + 1) % opt.checkpoint_every == 0 && step + 1 < total_steps)
+    if (opt.save && opt.checkpoint_every > 0 && (step + 1) % opt.checkpoint_every == 0 && step + 1 < total_steps)
       write_ck(step + 1);
   }
   if (bar) std::cerr << "\n";
@@ -451,17 +451,22 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& call
     log << "data-parallel: parameters identical on all " << world_size << " ranks (checksum " << std::setprecision(17)
         << c[0] << std::defaultfloat << std::setprecision(6) << ")\n";
   }
-  const std::string ck_dir = write_ck(step);
-  if (summary.interrupted) {
-    log << "interrupted by a signal after step " << step << "; checkpoint " << ck_dir
-        << "; continue with: vlatune train --resume " << run_dir << "\n";
+  if (opt.save) {
+    const std::string ck_dir = write_ck(step);
+    if (summary.interrupted)
+      log << "interrupted by a signal after step " << step << "; checkpoint " << ck_dir
+          << "; continue with: vlatune train --resume " << run_dir << "\n";
+  } else if (summary.interrupted) {
+    log << "interrupted by a signal after step " << step << " (--no-save: no checkpoint to resume from)\n";
   }
 
   if (!writer) return summary;  // the rest is rank 0's: final weights, norm stats, run.json
 
   const std::string final_dir = join_path(run_dir, "final");
   make_directories(final_dir);
-  if (ema) {
+  if (!opt.save) {
+    // Benchmark run: the weights are not needed (a full Pi0.5 checkpoint is ~20 GB of disk writes).
+  } else if (ema) {
     // The EMA weights are what openpi saves for inference: swap them in, save, swap back.
     std::vector<std::pair<std::string, torch::Tensor>> live;
     for (const auto& [name, t] : named_params) live.emplace_back(name, t.detach().clone());
@@ -504,7 +509,8 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& call
   if (timing_step_ms.empty())
     log << "n/a (no step after the " << opt.timing_warmup << " timing warm-up steps)";
   else
-    log << std::fixed << std::setprecision(2) << summary.samples_per_s_median << " samples/s" << std::defaultfloat;
+    log << std::fixed << std::setprecision(2) << summary.samples_per_s_median << " samples/s" << std::defaultfloat
+        << (dist ? " (global: all " + std::to_string(world_size) + " processes)" : std::string());
   if (cuda) log << ", peak " << std::fixed << std::setprecision(2) << peak_gib << " GiB" << std::defaultfloat;
   log << ", skipped " << skipped_total << "; " << join_path(run_dir, "run.json") << "\n";
   // A planned recipe carries the tuner's prediction: say how close it came (the plan's validation, goal 10%);

@@ -44,6 +44,7 @@ struct TrainOptions {
   int64_t timing_warmup = 3;        // steps (per process) left out of run.json's timing arrays
   int64_t checkpoint_every = 1000;  // 0: only the final checkpoint
   int keep_last = 3;
+  bool save = true;  // false (benchmarks): no checkpoints and no final weights, only run.json and metrics.jsonl
   int64_t max_consecutive_nonfinite = 10;
   int workers = 4;  // data loader threads
   bool augment = false;

@@ -78,6 +78,9 @@ TrainingParts build_training_parts(const TrainOptions& opt, const formats::Recip
       throw TrainInputError("--init-weights: " + report.summary());
     log << "init weights: " << report.summary() << "\n";
   }
+  // The merged GEMMs' members into one buffer per group (read as views, not concatenated each step), now that the
+  // parameters are on their device in their dtype; loads (--resume, read_checkpoint) copy into them in place.
+  parts.net->pack_merged_weights();
   parts.applied = apply_recipe(recipe, recipe_label, *parts.net, parts.dist ? parts.dist->size() : 1);
   parts.applied.forward.loss_action_dim = opt.loss_action_dim;
   if (cuda && opt_precision == OptimizerPrecision::kFp32Master) parts.applied.forward.compute_dtype = torch::kBFloat16;

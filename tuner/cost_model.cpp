@@ -165,7 +165,7 @@ double root_parameter_bytes(const CostModel& model, const std::string& root) {
 bool inside_selection(const CostModel& model, const std::vector<int>& selection, const std::string& fqn) {
   for (int i : selection) {
     for (const std::string& alias : model.units[static_cast<size_t>(i)].spec.aliases)
-      if (fqn_within(fqn, alias)) return true;
+      if (unit_covers(alias, fqn)) return true;
   }
   return false;
 }
@@ -216,14 +216,38 @@ CostModel build_cost_model(const formats::Profile& profile, const std::string& f
     m.noise_rel = med > 0 ? median(dev) / med : 0;
   }
 
-  // ---- 2. The profiled recompute selection, and rows that claim to be recomputed outside it. ----
-  const std::vector<std::string> baseline_fqns =
-      formats::resolve_patterns(profile.recipe.recompute.modules, m.module_fqns, file, "$.recipe.recompute.modules");
+  // ---- 2. Units that are not modules, the profiled recompute selection, and rows recomputed outside it. ----
+  // The backbone MLPs' merged gate+up outputs: the GEMM inventory's merged GEMMs of that name, when the profile's
+  // `recomputable` list names them, or names none at all (a profile older than the unit; the recipe is run by a
+  // trainer that has it). The last backbone layer's, dead work with skip_dead, has no GEMM row and no unit.
+  std::vector<int> gemm_units;
+  {
+    const bool listed = std::any_of(profile.recomputable.begin(), profile.recomputable.end(),
+                                    [](const std::string& f) { return unit_kind(f) == "backbone_mlp_gate_up"; });
+    for (size_t g = 0; g < profile.gemms.size(); ++g) {
+      const std::string& name = profile.gemms[g].name;
+      if (unit_kind(name) != "backbone_mlp_gate_up") continue;
+      if (listed &&
+          std::find(profile.recomputable.begin(), profile.recomputable.end(), name) == profile.recomputable.end())
+        continue;
+      if (std::find(m.module_fqns.begin(), m.module_fqns.end(), name.substr(0, name.rfind('.'))) == m.module_fqns.end())
+        continue;  // its MLP did not run
+      gemm_units.push_back(static_cast<int>(g));
+    }
+  }
+  m.recompute_names = m.module_fqns;
+  for (int g : gemm_units) {
+    const std::string& name = profile.gemms[static_cast<size_t>(g)].name;
+    if (std::find(m.recompute_names.begin(), m.recompute_names.end(), name) == m.recompute_names.end())
+      m.recompute_names.push_back(name);
+  }
+  const std::vector<std::string> baseline_fqns = formats::resolve_patterns(
+      profile.recipe.recompute.modules, m.recompute_names, file, "$.recipe.recompute.modules");
   for (size_t i = 0; i < b0.modules.size(); ++i) {
     const ModuleCost& row = b0.modules[i];
     if (!row.recomputed || is_pseudo(row)) continue;
     const bool selected = std::any_of(baseline_fqns.begin(), baseline_fqns.end(),
-                                      [&](const std::string& s) { return fqn_within(row.fqn, s); });
+                                      [&](const std::string& s) { return unit_covers(s, row.fqn); });
     if (!selected)
       fail("$.batches[0].modules[" + std::to_string(i) + "].recomputed",
            "module '" + row.fqn + "' is marked recomputed but the profiled recipe ($.recipe.recompute.modules) " +
@@ -242,17 +266,20 @@ CostModel build_cost_model(const formats::Profile& profile, const std::string& f
   };
   for (size_t i = 0; i < specs.size(); ++i)
     for (const std::string& a : specs[i].aliases) by_alias.emplace(a, i);
+  for (int g : gemm_units) add(profile.gemms[static_cast<size_t>(g)].name, "backbone_mlp_gate_up");
   for (const std::string& fqn : baseline_fqns) add(fqn, unit_kind(fqn).empty() ? "profiled" : unit_kind(fqn));
   std::vector<std::vector<std::string>> class_fqns;
   for (size_t c = 0; c < b0.recompute.size(); ++c) {
-    class_fqns.push_back(formats::resolve_patterns(b0.recompute[c].patterns, m.module_fqns, file,
+    class_fqns.push_back(formats::resolve_patterns(b0.recompute[c].patterns, m.recompute_names, file,
                                                    "$.batches[0].recompute[" + std::to_string(c) + "].patterns"));
     for (const std::string& fqn : class_fqns.back())
       add(fqn, unit_kind(fqn).empty() ? b0.recompute[c].name : unit_kind(fqn));
   }
-  for (const std::string& fqn : resolve_flag(extra_candidates, m.module_fqns, "--recompute-candidate")) {
+  for (const std::string& fqn : resolve_flag(extra_candidates, m.recompute_names, "--recompute-candidate")) {
     const std::string name = unit_for_fqn(fqn, "").aliases[0];
-    if (!profile.recomputable.empty() &&
+    const bool gemm_unit = std::any_of(gemm_units.begin(), gemm_units.end(),
+                                       [&](int g) { return profile.gemms[static_cast<size_t>(g)].name == name; });
+    if (!profile.recomputable.empty() && !gemm_unit &&
         std::find(profile.recomputable.begin(), profile.recomputable.end(), name) == profile.recomputable.end())
       throw PlanInputError("--recompute-candidate: '" + fqn +
                            "' is not recomputable by the trainer (not in the profile's `recomputable` list)");
@@ -265,11 +292,55 @@ CostModel build_cost_model(const formats::Profile& profile, const std::string& f
             [&](size_t a, size_t b) { return forward_before(specs[a].aliases[0], specs[b].aliases[0]); });
   const BatchProfile* b1p = profile.batches.size() > 1 ? &profile.batches[1] : nullptr;
   std::map<std::string, int> index_of;
+  std::map<std::string, int> gemm_of;
+  for (int g : gemm_units) gemm_of[profile.gemms[static_cast<size_t>(g)].name] = g;
+  int gemm_estimates = 0;
+  std::string gemm_estimate;
   for (size_t k : order) {
     UnitModel u;
     u.spec = specs[k];
     for (const std::string& alias : u.spec.aliases)
       for (int r : rows_for(b0, alias)) u.rows.push_back(r);
+    if (auto g = gemm_of.find(u.spec.aliases[0]); g != gemm_of.end()) {
+      // A merged GEMM's output (no module row): recomputing it runs that GEMM's forward once more, at the profiled
+      // recipe's precision (FP8: the forward GEMM and its share of the casts; predict() moves it with the FP8
+      // plan like any GEMM); it frees the output, held from forward to backward otherwise and rebuilt at the start
+      // of the MLP's backward; what the rebuild reads is kept anyway (out_bytes 0). Both scale with M = batch x
+      // tokens (proportional in the batch).
+      const formats::GemmEntry& e = profile.gemms[static_cast<size_t>(g->second)];
+      bool fp8 = false;
+      for (const std::string& member : e.members)
+        for (const std::string& pattern : profile.recipe.fp8.modules)
+          fp8 = fp8 || formats::fqn_matches(pattern, member);
+      double ms = e.bf16.forward_ms;
+      std::string time_source = "its bf16 forward GEMM";
+      if (fp8 && e.fp8) {
+        const double total = e.fp8->total(), quant = e.quant_ms.value_or(0.0);
+        ms = e.fp8->forward_ms + (total > 0 ? quant * e.fp8->forward_ms / total : 0.0);
+        time_source = "its FP8 forward GEMM + its share of quant_ms (the profiled recipe runs it in FP8)";
+      }
+      double bytes = static_cast<double>(e.m) * static_cast<double>(e.n) * 2.0;
+      std::string bytes_source =
+          "rows x N x 2 bytes (bf16 output, m " + std::to_string(e.m) + " x n " + std::to_string(e.n) + ")";
+      for (const ModuleCost& row : b0.modules) {
+        if (row.fqn == u.spec.aliases[0] && row.output_bytes > 0) {
+          bytes = static_cast<double>(row.output_bytes);
+          bytes_source = "the profile's output_bytes of the unit";
+        }
+      }
+      u.gemm = g->second;
+      u.rows.clear();
+      u.recompute_ms = {0, ms / bb0, true};
+      u.act_bytes = {0, bytes / bb0, true};
+      u.out_bytes = {0, 0, true};
+      u.estimate = "time from the GEMM inventory (" + time_source + ", " + fmt(ms) + " ms), bytes from " +
+                   bytes_source + ", " + fmt(bytes / kGiB) + " GiB";
+      u.baseline = std::find(baseline_fqns.begin(), baseline_fqns.end(), u.spec.aliases[0]) != baseline_fqns.end();
+      index_of[u.spec.aliases[0]] = static_cast<int>(m.units.size());
+      if (gemm_estimates++ == 0) gemm_estimate = u.spec.aliases[0] + ": " + u.estimate;
+      m.units.push_back(std::move(u));
+      continue;
+    }
     if (u.rows.empty()) continue;  // an alias without rows (e.g. the expert's attention has no scope of its own)
     const UnitSums s0 = sum_rows(b0, u.spec.aliases);
     UnitSums s1;
@@ -397,6 +468,11 @@ CostModel build_cost_model(const formats::Profile& profile, const std::string& f
     UnitModel& u = m.units[i];
     if (children.at(bb0) > u.act_bytes.at(bb0)) u.act_bytes = children;
   }
+  if (gemm_estimates > 0)
+    m.notes.push_back(std::to_string(gemm_estimates) +
+                      " backbone_mlp_gate_up units (merged gate+up GEMM outputs, no module rows): each costs its "
+                      "GEMM's forward once more and frees its output; e.g. " +
+                      gemm_estimate + " (an A/B row of class 'backbone_mlp_gate_up' calibrates them when present)");
   for (const UnitModel& u : m.units) {
     if (!u.size_known)
       m.notes.push_back("'" + u.spec.aliases[0] +

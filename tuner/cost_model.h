@@ -51,6 +51,8 @@ struct UnitModel {
   bool baseline = false;    // recomputed in the profiled recipe
   bool size_known = true;   // false: recomputed in the baseline and its activation size was not measured
   std::string calibration;  // name of the A/B row that calibrated it, "" when none
+  int gemm = -1;            // a merged GEMM's output unit (no module row): its profile.gemms index, else -1
+  std::string estimate;     // how such a unit's time and bytes were estimated (the --explain text)
 };
 
 struct Calibration {
@@ -66,6 +68,9 @@ struct CostModel {
   std::string file;  // labels errors
   formats::Profile profile;
   std::vector<std::string> module_fqns;  // batches[0] rows, profile order
+  // What recompute patterns resolve against: module_fqns, then the recomputable units that are not modules (the
+  // backbone MLPs' merged gate+up outputs, `...mlp.gate_proj+up_proj`, sized from the GEMM inventory).
+  std::vector<std::string> recompute_names;
   int64_t profiled_batch = 0;
   std::optional<int64_t> second_batch;
   LinearFit step_ms, peak_gib;      // the profiled recipe
@@ -119,7 +124,7 @@ double gemm_ms(const formats::GemmEntry& gemm, bool fp8, bool recomputed, double
 double root_backward_ms(const CostModel& model, const std::string& root, double batch);
 double root_parameter_bytes(const CostModel& model, const std::string& root);
 
-// True when `fqn` lies inside a unit of `selection`.
+// True when `fqn` lies inside a unit of `selection` (or is a member of a selected merged GEMM's output unit).
 bool inside_selection(const CostModel& model, const std::vector<int>& selection, const std::string& fqn);
 
 }  // namespace vlatune::tuner

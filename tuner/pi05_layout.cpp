@@ -141,8 +141,25 @@ std::string unit_kind(const std::string& fqn) {
     if (rest.empty()) return "decoder_layer";
     if (rest == "self_attn") return "attention";
     if (rest == "mlp") return expert ? "expert_mlp" : "backbone_mlp";
+    if (rest == "mlp.gate_proj+up_proj" && !expert) return "backbone_mlp_gate_up";
   }
   return "";
+}
+
+bool unit_covers(const std::string& unit, const std::string& fqn) {
+  if (fqn_within(fqn, unit)) return true;
+  const size_t dot = unit.rfind('.');
+  if (dot == std::string::npos || unit.find('+', dot) == std::string::npos) return false;
+  const std::string parent = unit.substr(0, dot);
+  if (!starts_with(fqn, parent + ".") || fqn.find('.', dot + 1) != std::string::npos) return false;
+  const std::string leaf = fqn.substr(dot + 1), leaves = unit.substr(dot + 1);
+  size_t start = 0;
+  while (start <= leaves.size()) {
+    const size_t plus = std::min(leaves.find('+', start), leaves.size());
+    if (leaves.substr(start, plus - start) == leaf) return true;
+    start = plus + 1;
+  }
+  return false;
 }
 
 std::vector<UnitSpec> default_recompute_units(const std::vector<std::string>& recomputable,

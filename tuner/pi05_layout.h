@@ -4,7 +4,9 @@
 //
 // Recompute units (model/pi05.h Pi05Impl::set_recompute): a SigLIP encoder layer; a joint decoder layer
 // (`...language_model.layers.i` and `...gemma_expert.model.layers.i` name the same unit: the two branches run as
-// one); a joint attention block (`...layers.i.self_attn` of either branch, also one unit); each branch's MLP.
+// one); a joint attention block (`...layers.i.self_attn` of either branch, also one unit); each branch's MLP;
+// each backbone MLP's merged gate+up GEMM output (`...language_model.layers.i.mlp.gate_proj+up_proj`, named as the
+// GEMM inventory names the merged GEMM: not a module, so it has no profile row; its cost comes from that GEMM).
 // A unit's cost is the sum of the profile rows of all its names (aliases); the recipe names it by its first.
 #pragma once
 
@@ -17,7 +19,7 @@ namespace vlatune::tuner {
 struct UnitSpec {
   std::vector<std::string> aliases;  // FQNs that select it; aliases[0] is the name the recipe uses
   std::string kind;                  // "vit_layer", "decoder_layer", "attention", "backbone_mlp", "expert_mlp",
-                                     // "vision_tower" or "custom"
+                                     // "backbone_mlp_gate_up", "vision_tower" or "custom"
 };
 
 // The default candidates: the profile's `recomputable` list (what the trainer can recompute) when it has one,
@@ -26,8 +28,13 @@ struct UnitSpec {
 std::vector<UnitSpec> default_recompute_units(const std::vector<std::string>& recomputable,
                                               const std::vector<std::string>& module_fqns);
 
-// "vit_layer", "vision_tower", "decoder_layer", "attention", "backbone_mlp", "expert_mlp", or "" for others.
+// "vit_layer", "vision_tower", "decoder_layer", "attention", "backbone_mlp", "expert_mlp",
+// "backbone_mlp_gate_up", or "" for others.
 std::string unit_kind(const std::string& fqn);
+
+// True when recomputing the unit named `unit` re-runs `fqn`: `fqn` lies inside it, or `unit` names a merged GEMM
+// (`<module>.<leaf>+<leaf>...`) of which `fqn` is a member (`<module>.<leaf>`).
+bool unit_covers(const std::string& unit, const std::string& fqn);
 
 // The unit an FQN selects: its joint sibling is added for decoder layers and attention blocks.
 UnitSpec unit_for_fqn(const std::string& fqn, const std::string& kind);

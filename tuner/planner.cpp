@@ -49,9 +49,10 @@ std::vector<std::string> unit_names(const CostModel& m, const std::vector<int>& 
 
 std::vector<std::string> recompute_patterns(const CostModel& m, const std::vector<int>& units) {
   const std::vector<std::string> names = unit_names(m, units);
-  std::vector<std::string> patterns = compact_patterns(names, m.module_fqns);
-  // The compact form must select exactly the chosen modules (and never nest): check it as the trainer would.
-  std::vector<std::string> back = formats::resolve_patterns(patterns, m.module_fqns, "<plan>", "$.recompute.modules");
+  std::vector<std::string> patterns = compact_patterns(names, m.recompute_names);
+  // The compact form must select exactly the chosen units (and never nest): check it as the trainer would.
+  std::vector<std::string> back =
+      formats::resolve_patterns(patterns, m.recompute_names, "<plan>", "$.recompute.modules");
   std::vector<std::string> want = names;
   std::sort(back.begin(), back.end());
   std::sort(want.begin(), want.end());
@@ -163,6 +164,37 @@ Recipe make_recipe(const Recipe& base, const CostModel& m, const Choice& c) {
   return r;
 }
 
+// With --fp8 auto, the recompute solver prices each merged-GEMM output unit (the backbone gate+up) at the
+// precision the FP8 rule gives its GEMM (a per-GEMM rule on measured times, decided here before the recompute set,
+// the GEMM counted as recomputed): recomputing an FP8 GEMM costs its FP8 forward and its share of the casts.
+// Predictions keep the profiled prices and add the FP8 change (predict()), which comes to the same number.
+CostModel price_gemm_units(const CostModel& m, const formats::Profile& profile, const PlanOptions& o) {
+  CostModel out = m;
+  if (!o.fp8_auto) return out;
+  Fp8Options fo;
+  fo.margin = o.fp8_margin;
+  fo.noise_rel = m.noise_rel;
+  fo.include = o.fp8_include;
+  fo.exclude = o.fp8_exclude;
+  fo.recomputed = [](const std::string&) { return true; };
+  std::set<int> fp8;
+  for (const Fp8Verdict& v : solve_fp8_set(profile.gemms, fo).verdicts)
+    if (v.selected) fp8.insert(v.gemm);
+  const std::vector<int> profiled = profiled_fp8(profile);
+  for (UnitModel& u : out.units) {
+    if (u.gemm < 0 || !fp8.count(u.gemm) || std::count(profiled.begin(), profiled.end(), u.gemm)) continue;
+    const formats::GemmEntry& e = profile.gemms[static_cast<size_t>(u.gemm)];
+    if (!e.fp8 || !(e.bf16.forward_ms > 0) || !(e.fp8->total() > 0)) continue;
+    const double fp8_ms = e.fp8->forward_ms + e.quant_ms.value_or(0.0) * e.fp8->forward_ms / e.fp8->total();
+    const double factor = fp8_ms / e.bf16.forward_ms;
+    u.recompute_ms.fixed *= factor;
+    u.recompute_ms.per_sample *= factor;
+    u.estimate +=
+        "; --fp8 auto runs its GEMM in FP8: priced at the FP8 forward + its quant_ms share, " + fmt(fp8_ms, 2) + " ms";
+  }
+  return out;
+}
+
 std::map<std::string, double> candidate_numbers(const Choice& c) {
   return {{"predicted_step_ms", c.prediction.step_ms},
           {"predicted_peak_gib", c.prediction.peak_gib},
@@ -192,6 +224,7 @@ PlanResult plan(const formats::Profile& profile, const std::string& file, const 
 
   // ---- 1. Cost model. ----
   const CostModel m = build_cost_model(profile, file, o.recompute_candidates);
+  const CostModel priced = price_gemm_units(m, profile, o);  // what the recompute solver and the batch choice see
   const formats::BatchProfile& b0 = profile.batches[0];
   std::vector<Rationale> why;
   {
@@ -275,14 +308,15 @@ PlanResult plan(const formats::Profile& profile, const std::string& file, const 
   const int grad_accum = base.batch.grad_accum;
   auto comm_exposed = [&](int64_t batch, const std::vector<int>& recompute) {
     if (!comm.on) return 0.0;
-    const std::vector<CommPiece> pieces = comm_pieces(m, batch, recompute, base);
+    const std::vector<CommPiece> pieces = comm_pieces(priced, batch, recompute, base);
     return solve_groups(pieces, comm.options).exposed_ms;
   };
 
   // ---- 3. Micro-batch and recompute, jointly. ----
   const std::vector<int64_t> batches = candidate_batches(m, o.batch);
-  const std::vector<BatchOption> options = evaluate_batches(m, budget, batches, grad_accum, o.world_size, comm_exposed);
-  const int pick = choose_batch(m, options);
+  const std::vector<BatchOption> options =
+      evaluate_batches(priced, budget, batches, grad_accum, o.world_size, comm_exposed);
+  const int pick = choose_batch(priced, options);
   if (pick < 0) {
     const BatchOption& smallest = options.front();
     throw PlanInputError("--memory-budget: " + fmt(budget, 1) + " GiB is below what batch " +
@@ -296,7 +330,7 @@ PlanResult plan(const formats::Profile& profile, const std::string& file, const 
   const std::vector<int>& selection = chosen.recompute.best.chosen;
   {
     RecomputeProblem problem;
-    recompute_problem(m, batch, budget, problem);
+    recompute_problem(priced, batch, budget, problem);
     const double bb = static_cast<double>(batch);
     const std::set<int> now(selection.begin(), selection.end());
     const std::set<int> before(m.baseline_units.begin(), m.baseline_units.end());
@@ -317,17 +351,20 @@ PlanResult plan(const formats::Profile& profile, const std::string& file, const 
                  kGiB;
       }
       const std::string cal = m.units[static_cast<size_t>(units[0])].calibration;
-      why.push_back({"recompute " + join(compact_patterns(unit_names(m, units), m.module_fqns)),
-                     std::to_string(units.size()) + " " + kind + " units: " + fmt(ms) + " ms for " + fmt(saved, 2) +
-                         " GiB (" + fmt(saved > 0 ? ms / saved : 0, 2) +
-                         " ms per GiB saved); part of the least-time selection that keeps the activation peak " +
-                         fmt(act_peak_gib, 1) + " GiB within the " + fmt(act_budget_gib, 1) +
-                         " GiB the budget leaves at micro-batch " + std::to_string(batch) +
-                         (cal.empty() ? " (uncalibrated estimate)" : " (calibrated by A/B '" + cal + "')"),
-                     {{"added_ms", ms},
-                      {"saved_gib", saved},
-                      {"ms_per_gib_saved", saved > 0 ? ms / saved : 0},
-                      {"units", static_cast<double>(units.size())}}});
+      const std::string& estimate = priced.units[static_cast<size_t>(units[0])].estimate;
+      why.push_back(
+          {"recompute " + join(compact_patterns(unit_names(m, units), m.recompute_names)),
+           std::to_string(units.size()) + " " + kind + " units: " + fmt(ms) + " ms for " + fmt(saved, 2) + " GiB (" +
+               fmt(saved > 0 ? ms / saved : 0, 2) +
+               " ms per GiB saved); part of the least-time selection that keeps the activation peak " +
+               fmt(act_peak_gib, 1) + " GiB within the " + fmt(act_budget_gib, 1) +
+               " GiB the budget leaves at micro-batch " + std::to_string(batch) +
+               (cal.empty() ? " (uncalibrated estimate" + (estimate.empty() ? "" : "; per unit: " + estimate) + ")"
+                            : " (calibrated by A/B '" + cal + "')"),
+           {{"added_ms", ms},
+            {"saved_gib", saved},
+            {"ms_per_gib_saved", saved > 0 ? ms / saved : 0},
+            {"units", static_cast<double>(units.size())}}});
     }
     for (const auto& [kind, units] : removed) {
       double ms = 0, extra = 0;
@@ -337,7 +374,7 @@ PlanResult plan(const formats::Profile& profile, const std::string& file, const 
                                      problem.items[static_cast<size_t>(u)].out_bytes) /
                  kGiB;
       }
-      why.push_back({"stop recomputing " + join(compact_patterns(unit_names(m, units), m.module_fqns)),
+      why.push_back({"stop recomputing " + join(compact_patterns(unit_names(m, units), m.recompute_names)),
                      std::to_string(units.size()) + " " + kind + " units recomputed in the profiled recipe: keeping " +
                          "their activations costs " + fmt(extra, 2) + " GiB and saves " + fmt(ms) +
                          " ms; the activation peak stays " + fmt(act_peak_gib, 1) + " GiB within " +
@@ -426,7 +463,7 @@ PlanResult plan(const formats::Profile& profile, const std::string& file, const 
   double exposed = 0;
   Recipe recipe = base;
   if (comm.on) {
-    const std::vector<CommPiece> pieces = comm_pieces(m, batch, selection, base);
+    const std::vector<CommPiece> pieces = comm_pieces(priced, batch, selection, base);
     const GroupPlan def = simulate_groups(pieces, default_groups(pieces), comm.options);
     GroupPlan best = solve_groups(pieces, comm.options);
     // The named units unless the change hides a measurable amount (0.05 ms or 1% of the exposed time).

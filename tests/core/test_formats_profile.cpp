@@ -186,3 +186,68 @@ TEST_CASE("read_profile names the file when it is missing or not JSON", "[format
   TempDir dir("profile");
   CHECK_THROWS_WITH(read_profile(dir.file("absent.json")), Catch::Contains("absent.json"));
 }
+
+TEST_CASE("profile.json's communication section round-trips and bad values are rejected", "[formats][profile]") {
+  TempDir dir("profile");
+  Profile p = sample_profile();
+  Communication c;
+  c.world_size = 2;
+  c.allreduce_gbps = 312.5;
+  c.exposed_ms = 1.25;
+  c.groups = {{"heads.out", 1 << 20, 0.05}, {"layer.17", 218103808, 1.4}, {"<rest>", 0, 0.0}};
+  p.communication = c;
+  const std::string path = dir.file("profile.json");
+  write_profile(p, path);
+  const Profile back = read_profile(path);
+  CHECK(profile_to_json(back) == profile_to_json(p));
+  REQUIRE(back.communication.has_value());
+  CHECK(back.communication->world_size == 2);
+  CHECK(back.communication->allreduce_gbps == 312.5);
+  CHECK(back.communication->exposed_ms == 1.25);
+  REQUIRE(back.communication->groups.size() == 3);
+  CHECK(back.communication->groups[1].name == "layer.17");
+  CHECK(back.communication->groups[1].bytes == 218103808);
+  CHECK(back.communication->groups[1].allreduce_ms == 1.4);
+
+  // A single-GPU profile has none (null), and reads back without it.
+  p.communication.reset();
+  const json single = profile_to_json(p);
+  CHECK(single["communication"].is_null());
+  CHECK_FALSE(parse_profile(single, "profile.json").communication.has_value());
+
+  p.communication = c;
+  const json good = profile_to_json(p);
+  auto with = [&](const json::json_pointer& ptr, const json& value) {
+    json j = good;
+    j[ptr] = value;
+    return j;
+  };
+  json extra = good;
+  extra["communication"]["groups"][0]["bogus"] = 1;
+  json missing = good;
+  missing["communication"].erase("exposed_ms");
+  struct Case {
+    json doc;
+    std::string path;
+    std::string reason_part;
+  };
+  const std::vector<Case> cases = {
+      {with("/communication/world_size"_json_pointer, 1), "$.communication.world_size", "in 2.."},
+      {with("/communication/allreduce_gbps"_json_pointer, -1.0), "$.communication.allreduce_gbps", ">= 0"},
+      {with("/communication/allreduce_gbps"_json_pointer, "fast"), "$.communication.allreduce_gbps", "number"},
+      {with("/communication/exposed_ms"_json_pointer, -0.5), "$.communication.exposed_ms", ">= 0"},
+      {with("/communication/groups/0/name"_json_pointer, ""), "$.communication.groups[0].name", "non-empty"},
+      {with("/communication/groups/1/bytes"_json_pointer, -8), "$.communication.groups[1].bytes", ">= 0"},
+      {with("/communication/groups/1/allreduce_ms"_json_pointer, -1.0), "$.communication.groups[1].allreduce_ms",
+       ">= 0"},
+      {with("/communication/groups"_json_pointer, json::object()), "$.communication.groups", "array"},
+      {extra, "$.communication.groups[0].bogus", "unknown key"},
+      {missing, "$.communication.exposed_ms", ""},
+  };
+  for (const auto& cs : cases) {
+    INFO("expected error at " << cs.path);
+    const FormatError e = error_of(cs.doc);
+    CHECK(e.json_path() == cs.path);
+    CHECK_THAT(e.reason(), Catch::Contains(cs.reason_part));
+  }
+}

@@ -110,3 +110,15 @@ TEST_CASE("model init, model batch and forward work end to end on the tiny confi
   CHECK(wrong.err.find("b.safetensors") != std::string::npos);
   CHECK(wrong.err.find("missing") != std::string::npos);
 }
+
+TEST_CASE("train --no-save writes run.json and metrics but no checkpoint or weights", "[cli][train]") {
+  const std::string dir = temp_dir();
+  auto r =
+      run_cli({"train", "--config", "tiny", "--device", "cpu", "--data", "synthetic", "--batch", "2", "--steps", "2",
+               "--timing-warmup", "0", "--workers", "1", "--out", dir + "/run", "--no-progress", "--no-save"});
+  REQUIRE(r.code == 0);
+  CHECK(::access((dir + "/run/run.json").c_str(), F_OK) == 0);
+  CHECK(::access((dir + "/run/metrics.jsonl").c_str(), F_OK) == 0);
+  CHECK(::access((dir + "/run/final/model.safetensors").c_str(), F_OK) != 0);
+  CHECK(::access((dir + "/run/checkpoints").c_str(), F_OK) != 0);
+}

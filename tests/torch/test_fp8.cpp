@@ -327,3 +327,142 @@ TEST_CASE("The FP8 Linear's _scaled_mm path matches its CPU emulation (same FP8 
     CHECK(rel_err(g[i], c[i]) < 1e-2);
   }
 }
+
+namespace {
+
+// The FP8 GeGLU casts' outputs for merged [rows, 2F] (and grad [rows, F]) on `opt`'s device.
+struct GegluCast {
+  k::Fp8QuantOutputs fwd;
+  k::Fp8GegluGradOutputs bwd;
+};
+GegluCast geglu_cast_outputs(int64_t rows, int64_t f, k::Fp8Format format, const torch::TensorOptions& opt) {
+  GegluCast c;
+  const auto e4 = opt.dtype(torch::kFloat8_e4m3fn), g8 = opt.dtype(k::fp8_dtype(format)),
+             f32o = opt.dtype(torch::kFloat32);
+  c.fwd.out = torch::empty({rows, f}, e4);
+  c.fwd.out_t = torch::empty({f, rows}, e4);
+  c.fwd.inv_scale = torch::empty({}, f32o);
+  c.fwd.amax_used = torch::empty({1}, f32o);
+  c.fwd.amax_out = torch::zeros({1}, f32o);
+  c.bwd.grad_merged.out = torch::empty({rows, 2 * f}, g8);
+  c.bwd.grad_merged.out_t = torch::empty({2 * f, rows}, g8);
+  c.bwd.grad_merged.inv_scale = torch::empty({}, f32o);
+  c.bwd.grad_merged.amax_used = torch::empty({1}, f32o);
+  c.bwd.grad_merged.amax_out = torch::zeros({1}, f32o);
+  c.bwd.act_t = torch::empty({f, rows}, e4);
+  c.bwd.act_inv_scale = torch::empty({}, f32o);
+  return c;
+}
+
+// The same outputs from the unfused sequence: geglu / geglu_backward, then the plain casts.
+GegluCast geglu_cast_unfused(const torch::Tensor& merged, const torch::Tensor& grad, k::Fp8Format format,
+                             const torch::Tensor& hist, int64_t skip, const torch::Tensor& act_amax) {
+  const int64_t rows = merged.size(0), f = merged.size(1) / 2;
+  GegluCast c = geglu_cast_outputs(rows, f, format, merged.options());
+  k::fp8_quantize_into(k::geglu(merged), k::Fp8Format::kE4m3, hist, skip, c.fwd);
+  k::fp8_quantize_into(k::geglu_backward(grad, merged), format, hist, skip, c.bwd.grad_merged);
+  k::Fp8QuantOutputs a;
+  a.out_t = c.bwd.act_t;
+  a.inv_scale = c.bwd.act_inv_scale;
+  k::fp8_quantize_into(k::geglu(merged), k::Fp8Format::kE4m3, act_amax, -1, a);
+  return c;
+}
+
+GegluCast geglu_cast_fused(const torch::Tensor& merged, const torch::Tensor& grad, k::Fp8Format format,
+                           const torch::Tensor& hist, int64_t skip, const torch::Tensor& act_amax) {
+  const int64_t rows = merged.size(0), f = merged.size(1) / 2;
+  GegluCast c = geglu_cast_outputs(rows, f, format, merged.options());
+  k::fp8_geglu_quantize_into(merged, hist, skip, c.fwd);
+  k::fp8_geglu_backward_quantize_into(grad, merged, format, hist, skip, act_amax, c.bwd);
+  return c;
+}
+
+void check_same_bytes(const torch::Tensor& a, const torch::Tensor& b) {
+  REQUIRE(a.sizes() == b.sizes());
+  const auto x = a.cpu().view(torch::kUInt8), y = b.cpu().view(torch::kUInt8);
+  const int64_t differ = x.ne(y).sum().item<int64_t>();
+  INFO(differ << " of " << x.numel() << " bytes differ");
+  CHECK(differ == 0);
+}
+
+void check_same(const GegluCast& a, const GegluCast& b) {
+  check_same_bytes(a.fwd.out, b.fwd.out);
+  check_same_bytes(a.fwd.out_t, b.fwd.out_t);
+  check_same_bytes(a.bwd.grad_merged.out, b.bwd.grad_merged.out);
+  check_same_bytes(a.bwd.grad_merged.out_t, b.bwd.grad_merged.out_t);
+  check_same_bytes(a.bwd.act_t, b.bwd.act_t);
+  for (auto [x, y] : {std::pair{a.fwd.inv_scale, b.fwd.inv_scale},
+                      {a.fwd.amax_used, b.fwd.amax_used},
+                      {a.fwd.amax_out, b.fwd.amax_out},
+                      {a.bwd.grad_merged.inv_scale, b.bwd.grad_merged.inv_scale},
+                      {a.bwd.grad_merged.amax_used, b.bwd.grad_merged.amax_used},
+                      {a.bwd.grad_merged.amax_out, b.bwd.grad_merged.amax_out},
+                      {a.bwd.act_inv_scale, b.bwd.act_inv_scale}})
+    CHECK(x.cpu().item<float>() == y.cpu().item<float>());
+}
+
+}  // namespace
+
+TEST_CASE("The FP8 GeGLU casts equal GeGLU then the plain cast, and refuse bad shapes (CPU)", "[fp8]") {
+  torch::manual_seed(3);
+  const int64_t rows = 48, f = 32;
+  auto merged = torch::randn({rows, 2 * f}), grad = torch::randn({rows, f});
+  auto hist = f32({3.0f, 1e9f, 0.5f});
+  auto act_amax = f32({2.0f});
+  check_same(geglu_cast_fused(merged, grad, k::Fp8Format::kE5m2, hist, 1, act_amax),
+             geglu_cast_unfused(merged, grad, k::Fp8Format::kE5m2, hist, 1, act_amax));
+  auto amax = torch::zeros({1}), amax_ref = torch::zeros({1});
+  k::fp8_geglu_amax_into(merged, amax);
+  k::fp8_amax_into(k::geglu(merged), amax_ref);
+  CHECK(amax.item<float>() == amax_ref.item<float>());
+  amax.zero_();
+  amax_ref.zero_();
+  k::fp8_geglu_backward_amax_into(grad, merged, amax);
+  k::fp8_amax_into(k::geglu_backward(grad, merged), amax_ref);
+  CHECK(amax.item<float>() == amax_ref.item<float>());
+
+  auto outs = geglu_cast_outputs(rows, f, k::Fp8Format::kE5m2, torch::TensorOptions());
+  CHECK_THROWS_WITH(k::fp8_geglu_quantize_into(torch::randn({rows, 2 * f + 2}), hist, -1, outs.fwd),
+                    Catch::Contains("fp8_geglu_quantize") && Catch::Contains("multiples of 16"));
+  CHECK_THROWS_WITH(
+      k::fp8_geglu_quantize_into(merged, hist, -1,
+                                 geglu_cast_outputs(rows, 2 * f, k::Fp8Format::kE5m2, torch::TensorOptions()).fwd),
+      Catch::Contains("out must be [rows, cols]"));
+  CHECK_THROWS_WITH(k::fp8_geglu_backward_quantize_into(torch::randn({rows, 2 * f}), merged, k::Fp8Format::kE5m2, hist,
+                                                        -1, act_amax, outs.bwd),
+                    Catch::Contains("grad must be contiguous [rows, F]"));
+  CHECK_THROWS_WITH(
+      k::fp8_geglu_backward_quantize_into(grad, merged, k::Fp8Format::kE5m2, hist, -1, torch::Tensor(), outs.bwd),
+      Catch::Contains("act_amax"));
+}
+
+TEST_CASE("The CUDA FP8 GeGLU casts equal the geglu kernels then the cast kernel, byte for byte", "[.gpu][fp8]") {
+  REQUIRE(torch::cuda::is_available());
+  torch::manual_seed(29);
+  const auto dtype = GENERATE(torch::kBFloat16, torch::kFloat32);
+  const auto format = GENERATE(k::Fp8Format::kE5m2, k::Fp8Format::kE4m3);
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  for (auto [rows, f] : {std::pair<int64_t, int64_t>{16, 16}, {48, 80}, {1600, 4096}, {528, 2064}}) {
+    INFO(rows << " x 2*" << f << " " << c10::toString(dtype));
+    auto merged = (torch::randn({rows, 2 * f}, cuda) * 2).to(dtype);
+    auto grad = (torch::randn({rows, f}, cuda) * 1e-3).to(dtype);
+    merged[0][1] = 300.0f;  // an outlier gate
+    for (auto [hist, skip] : {std::pair<torch::Tensor, int64_t>{f32({0.0f}), -1}, {f32({0.05f, 1e9f, 0.02f}), 1}}) {
+      auto h = hist.to(torch::kCUDA);
+      if (skip < 0) {  // current scaling: the amax of the tensor itself
+        k::fp8_amax_into(k::geglu(merged), h);
+      }
+      auto act_amax = torch::zeros({1}, cuda.dtype(torch::kFloat32));
+      k::fp8_geglu_amax_into(merged, act_amax);
+      auto act_amax_ref = torch::zeros({1}, cuda.dtype(torch::kFloat32));
+      k::fp8_amax_into(k::geglu(merged), act_amax_ref);
+      CHECK(act_amax.cpu().item<float>() == act_amax_ref.cpu().item<float>());
+      auto g_amax = torch::zeros({1}, cuda.dtype(torch::kFloat32)), g_amax_ref = torch::zeros_like(g_amax);
+      k::fp8_geglu_backward_amax_into(grad, merged, g_amax);
+      k::fp8_amax_into(k::geglu_backward(grad, merged), g_amax_ref);
+      CHECK(g_amax.cpu().item<float>() == g_amax_ref.cpu().item<float>());
+      check_same(geglu_cast_fused(merged, grad, format, h, skip, act_amax),
+                 geglu_cast_unfused(merged, grad, format, h, skip, act_amax));
+    }
+  }
+}

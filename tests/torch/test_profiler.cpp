@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -217,10 +218,16 @@ TEST_CASE("vlatune profile on the tiny model writes a readable profile and a tra
   CHECK(mlp_backward);
   CHECK(optimizer);
   CHECK(loss);
-  CHECK(b.recompute.size() == 6);                  // five classes and the user's pattern
+  CHECK(b.recompute.size() == 7);                  // six classes and the user's pattern
   CHECK(b.recompute.back().patterns.size() == 1);  // the last layer's prefix MLP is dead work (skip_dead)
   CHECK_FALSE(p.gemms.empty());
   CHECK(p.recomputable.size() > 0);
+  // The backbone MLP's merged gate+up output is a unit of its own (named by its GEMM) with an A/B class.
+  const std::string gate_up = "paligemma_with_expert.paligemma.model.language_model.layers.0.mlp.gate_proj+up_proj";
+  CHECK(std::count(p.recomputable.begin(), p.recomputable.end(), gate_up) == 1);
+  CHECK(std::any_of(b.recompute.begin(), b.recompute.end(), [&](const auto& c) {
+    return c.name == "backbone_mlp_gate_up" && c.patterns == std::vector<std::string>{gate_up};
+  }));
 
   // The trace: scopes and ops on one timeline, ops tagged with their module.
   std::string text;

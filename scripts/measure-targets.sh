@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Every single-GPU measurement the targets need, in one device call on `nvidia-h200-x2`: each GPU runs one
+# vlatune-vs-reference pair (the comparisons stay on one GPU), then the gates and the plan validation.
+#
+#   GPU 0: GPU tests (--tests SPEC); reference compiled bf16; vlatune train bf16 (default recipe); the H200
+#          perf-gate baseline and one gate run against it (issue 9).
+#   GPU 1: reference compiled FP8; vlatune train with recipes/pi05_libero_h200_fp8.json; an FP8 profile (GEMM
+#          share of the step); the FP8 numerics gate (bf16 vs FP8, same seed, 200 steps at batch 8); the plan grid
+#          (--grid DIR: scripts/plan-grid.sh, issue 6).
+#
+# From the development machine:
+#   bash scripts/pack-deps.sh && mkdir -p .ref && cp ../shared/reference/pi05_torch_reference.py .ref/
+#   device run (kind nvidia-h200-x2): command "bash scripts/measure-targets.sh --grid bench/grids/h200_57gib",
+#   carry [".deps", ".ref"]
+# Output: $OUT/{g0,g1}/ (gpu-check summaries, run.json files), $OUT/gate0 (the new baseline), $OUT/gate1 (check),
+# $OUT/prof_fp8, $OUT/num_*.json + numerics.txt, $OUT/grid; the last lines summarize.
+#
+# Options: --tests SPEC (Catch2 spec of the GPU tests; default "[gpu]"), --grid DIR, --train-steps N (default 14),
+#          --fp8-recipe FILE.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+out="${OUT:-$root/out}"
+mkdir -p "$out"
+tests="[gpu]"
+grid=""
+train_steps=14
+fp8_recipe=recipes/pi05_libero_h200_fp8.json
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --tests) tests="$2"; shift 2 ;;
+    --grid) grid="$2"; shift 2 ;;
+    --train-steps) train_steps="$2"; shift 2 ;;
+    --fp8-recipe) fp8_recipe="$2"; shift 2 ;;
+    *) echo "measure-targets: unknown option '$1'" >&2; exit 4 ;;
+  esac
+done
+t0=$(date +%s)
+elapsed() { echo "[$(( $(date +%s) - t0 )) s]"; }
+
+bash scripts/gpu-check.sh --build-only >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+echo "$(elapsed) built"
+v="$root/build-gpu/cli/vlatune"
+
+gpu1() {
+  export CUDA_VISIBLE_DEVICES=1
+  OUT="$out/g1" bash scripts/gpu-check.sh --no-build --skip-tests --bench-filter NONE_ --ref compiled-fp8 \
+    --train-steps "$train_steps" --train-recipes "$fp8_recipe"
+  echo "$(elapsed) FP8 profile"
+  timeout 150 "$v" profile --config full --data synthetic --batch 32 --steps 2 --warmup 1 --timed-steps 3 --ab-steps 0 \
+    --gemm-reps 0 --trace-steps 0 --recipe "$fp8_recipe" --out "$out/prof_fp8" 2>&1 | tail -5
+  echo "$(elapsed) numerics: bf16 vs FP8, batch 8, 200 steps, seed 0"
+  for run in bf16 fp8; do
+    args=()
+    [ "$run" = fp8 ] && args=(--recipe "$fp8_recipe")
+    rm -rf "/tmp/num_$run"
+    timeout 200 "$v" train --config full --data synthetic --batch 8 --steps 200 --seed 0 --timing-warmup 0 "${args[@]}" \
+      --out "/tmp/num_$run" --no-progress --log-every 50 --no-save 2>&1 | tail -3
+    cp "/tmp/num_$run/run.json" "$out/num_$run.json" 2>/dev/null
+  done
+  "$v" check --numerics --baseline "$out/num_bf16.json" --candidate "$out/num_fp8.json" >"$out/numerics.txt" 2>&1
+  echo "numerics gate exit $?"
+  if [ -n "$grid" ]; then
+    echo "$(elapsed) plan grid $grid"
+    OUT="$out/grid" timeout 240 bash scripts/plan-grid.sh "$grid" --vlatune "$v"
+  fi
+  echo "$(elapsed) GPU 1 done"
+}
+gpu1 >"$out/gpu1.log" 2>&1 &
+gpu1_pid=$!
+
+{
+  export CUDA_VISIBLE_DEVICES=0
+  OUT="$out/g0" bash scripts/gpu-check.sh --no-build --no-ctest --test-filter "$tests" \
+    --bench-filter 'fp8_geglu_cast' --bench-repetitions 3 --ref compiled --train-steps "$train_steps" --train-recipes none
+  echo "$(elapsed) perf gate: baseline, then a gate run against it"
+  OUT="$out/gate0" bash scripts/perf-gate.sh --vlatune "$v" --no-baseline | tail -4
+  cp "$out/gate0/pi05_full_bs32.json" reports/baselines/h200/ &&
+    OUT="$out/gate1" bash scripts/perf-gate.sh --vlatune "$v" | tail -12
+  echo "$(elapsed) GPU 0 done"
+} >"$out/gpu0.log" 2>&1
+wait "$gpu1_pid"
+
+echo "== GPU 0"
+tail -25 "$out/gpu0.log"
+echo "== GPU 1"
+tail -30 "$out/gpu1.log"
+echo "== numerics"
+tail -12 "$out/numerics.txt" 2>/dev/null
+echo "$(elapsed) done"
