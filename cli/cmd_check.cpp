@@ -66,6 +66,9 @@ void setup_check(CLI::App& app, Context& ctx) {
       ->check(CLI::Range(-1.0, 1.0));
   cmd->add_option("--mre-max", c.mre_max_pct, "... and maximum mean relative error, % (default 1)")
       ->check(CLI::Range(0.0, 1000.0));
+  cmd->add_flag(
+      "--curve-loss-only", [cp = &c](int64_t) { cp->curve_gates_grad_norm = false; },
+      "Long runs: gate the loss curve only and report the gradient-norm curve (the FP8 issue's gate is on losses)");
   cmd->add_option("--long-run-steps", c.long_run_steps,
                   "Shared steps from which curves are gated by Pearson + mean relative error instead of per step "
                   "(default 200)")

@@ -68,8 +68,9 @@ struct CheckOptions {
   double pearson_min = 0.999;  // long runs: loss / grad-norm curve correlation
   double mre_max_pct = 1.0;    // long runs: mean relative error of the curves, %
   int64_t long_run_steps = 200;
-  bool numerics_only = false;  // --numerics: only the numerics gates
-  bool force = false;          // compare despite environment differences
+  bool curve_gates_grad_norm = true;  // false (--curve-loss-only): long runs gate the loss curve only
+  bool numerics_only = false;         // --numerics: only the numerics gates
+  bool force = false;                 // compare despite environment differences
 };
 
 enum class TimingStatus {
@@ -96,6 +97,7 @@ struct SeriesCheck {
   int64_t worst_step = 0;  // the optimizer step of error.max_relative
   double pearson = 0;      // NaN when a curve is constant; only meaningful for the curve method
   bool curve = false;      // judged by pearson + mean relative error (long run) rather than per step
+  bool gated = true;       // false: reported only (the grad-norm curve under curve_gates_grad_norm = false)
   bool pass = true;
 };
 

@@ -5,18 +5,20 @@
 #   GPU 0: GPU tests (--tests SPEC); reference compiled bf16; vlatune train bf16 (default recipe); the H200
 #          perf-gate baseline and one gate run against it (issue 9).
 #   GPU 1: reference compiled FP8; vlatune train with recipes/pi05_libero_h200_fp8.json; an FP8 profile (GEMM
-#          share of the step); the FP8 numerics gate (bf16 vs FP8, same seed, 200 steps at batch 8); the plan grid
-#          (--grid DIR: scripts/plan-grid.sh, issue 6).
+#          share of the step); the FP8 numerics gate (bf16 vs FP8, same seed and data, 200 steps at batch 16 with
+#          the peak learning rate reached after 20 steps, so that the loss curve moves; `check --numerics
+#          --curve-loss-only`); the plan grid (--grid DIR: scripts/plan-grid.sh, issue 6).
 #
 # From the development machine:
 #   bash scripts/pack-deps.sh && mkdir -p .ref && cp ../shared/reference/pi05_torch_reference.py .ref/
 #   device run (kind nvidia-h200-x2): command "bash scripts/measure-targets.sh --grid bench/grids/h200_57gib",
 #   carry [".deps", ".ref"]
 # Output: $OUT/{g0,g1}/ (gpu-check summaries, run.json files), $OUT/gate0 (the new baseline), $OUT/gate1 (check),
-# $OUT/prof_fp8, $OUT/num_*.json + numerics.txt, $OUT/grid; the last lines summarize.
+# $OUT/prof_fp8, $OUT/num_*.json + numerics.txt, $OUT/grid; the last lines summarize. With --pack, $OUT holds
+# only measure-targets.tar.gz of all that (the device tool brings back a limited number of files).
 #
 # Options: --tests SPEC (Catch2 spec of the GPU tests; default "[gpu]"), --grid DIR, --train-steps N (default 14),
-#          --fp8-recipe FILE.
+#          --fp8-recipe FILE, --pack, --only-gates (GPU 0: the perf gate only; GPU 1: the numerics gate and the grid).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -26,12 +28,16 @@ tests="[gpu]"
 grid=""
 train_steps=14
 fp8_recipe=recipes/pi05_libero_h200_fp8.json
+only_gates=0
+pack=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --tests) tests="$2"; shift 2 ;;
     --grid) grid="$2"; shift 2 ;;
     --train-steps) train_steps="$2"; shift 2 ;;
     --fp8-recipe) fp8_recipe="$2"; shift 2 ;;
+    --only-gates) only_gates=1; shift ;;
+    --pack) pack=1; shift ;;
     *) echo "measure-targets: unknown option '$1'" >&2; exit 4 ;;
   esac
 done
@@ -44,21 +50,24 @@ v="$root/build-gpu/cli/vlatune"
 
 gpu1() {
   export CUDA_VISIBLE_DEVICES=1
-  OUT="$out/g1" bash scripts/gpu-check.sh --no-build --skip-tests --bench-filter NONE_ --ref compiled-fp8 \
-    --train-steps "$train_steps" --train-recipes "$fp8_recipe"
-  echo "$(elapsed) FP8 profile"
-  timeout 150 "$v" profile --config full --data synthetic --batch 32 --steps 2 --warmup 1 --timed-steps 3 --ab-steps 0 \
-    --gemm-reps 0 --trace-steps 0 --recipe "$fp8_recipe" --out "$out/prof_fp8" 2>&1 | tail -5
-  echo "$(elapsed) numerics: bf16 vs FP8, batch 8, 200 steps, seed 0"
+  if [ "$only_gates" = 0 ]; then
+    OUT="$out/g1" bash scripts/gpu-check.sh --no-build --skip-tests --bench-filter NONE_ --ref compiled-fp8 \
+      --train-steps "$train_steps" --train-recipes "$fp8_recipe"
+    echo "$(elapsed) FP8 profile"
+    timeout 150 "$v" profile --config full --data synthetic --batch 32 --steps 2 --warmup 1 --timed-steps 3 \
+      --ab-steps 0 --gemm-reps 0 --trace-steps 0 --recipe "$fp8_recipe" --out "$out/prof_fp8" 2>&1 | tail -5
+  fi
+  echo "$(elapsed) numerics: bf16 vs FP8, batch 16, 200 steps, seed 0, warm-up 20 steps to lr 5e-5"
   for run in bf16 fp8; do
     args=()
     [ "$run" = fp8 ] && args=(--recipe "$fp8_recipe")
     rm -rf "/tmp/num_$run"
-    timeout 200 "$v" train --config full --data synthetic --batch 8 --steps 200 --seed 0 --timing-warmup 0 "${args[@]}" \
-      --out "/tmp/num_$run" --no-progress --log-every 50 --no-save 2>&1 | tail -3
+    timeout 200 "$v" train --config full --data synthetic --batch 16 --steps 200 --warmup-steps 20 --seed 0 \
+      --timing-warmup 0 "${args[@]}" --out "/tmp/num_$run" --no-progress --log-every 50 --no-save 2>&1 | tail -3
     cp "/tmp/num_$run/run.json" "$out/num_$run.json" 2>/dev/null
   done
-  "$v" check --numerics --baseline "$out/num_bf16.json" --candidate "$out/num_fp8.json" >"$out/numerics.txt" 2>&1
+  "$v" check --numerics --curve-loss-only --baseline "$out/num_bf16.json" --candidate "$out/num_fp8.json" \
+    >"$out/numerics.txt" 2>&1
   echo "numerics gate exit $?"
   if [ -n "$grid" ]; then
     echo "$(elapsed) plan grid $grid"
@@ -71,8 +80,10 @@ gpu1_pid=$!
 
 {
   export CUDA_VISIBLE_DEVICES=0
-  OUT="$out/g0" bash scripts/gpu-check.sh --no-build --no-ctest --test-filter "$tests" \
-    --bench-filter 'fp8_geglu_cast' --bench-repetitions 3 --ref compiled --train-steps "$train_steps" --train-recipes none
+  [ "$only_gates" = 1 ] ||
+    OUT="$out/g0" bash scripts/gpu-check.sh --no-build --no-ctest --test-filter "$tests" \
+      --bench-filter 'fp8_geglu_cast' --bench-repetitions 3 --ref compiled --train-steps "$train_steps" \
+      --train-recipes none
   echo "$(elapsed) perf gate: baseline, then a gate run against it"
   OUT="$out/gate0" bash scripts/perf-gate.sh --vlatune "$v" --no-baseline | tail -4
   cp "$out/gate0/pi05_full_bs32.json" reports/baselines/h200/ &&
@@ -88,3 +99,7 @@ tail -30 "$out/gpu1.log"
 echo "== numerics"
 tail -12 "$out/numerics.txt" 2>/dev/null
 echo "$(elapsed) done"
+if [ "$pack" = 1 ]; then
+  tar czf /tmp/measure-targets.tar.gz --exclude='*trace*' -C "$out" . &&
+    find "$out" -mindepth 1 -delete && mv /tmp/measure-targets.tar.gz "$out/"
+fi

@@ -1,7 +1,7 @@
 // The micro-batch, chosen jointly with the recompute set (anchors §3.8.3: freed memory buys a larger batch):
 // for every candidate batch, the least-time recompute set under the budget (recompute_solver.h), then the batch
-// with the most predicted samples/s. A batch away from the profiled ones is extrapolated, so it must beat the
-// best profiled batch by a margin before it is chosen.
+// with the most predicted samples/s. A batch outside the profiled range is extrapolated, so it must beat the best
+// batch inside that range (profiled or interpolated) by a margin before it is chosen.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +15,8 @@
 
 namespace vlatune::tuner {
 
-// Extrapolated batches must win by this factor over the best profiled batch (a linear fit two points wide).
+// Extrapolated batches must win by this factor over the best batch in the profiled range (a linear fit two points
+// wide).
 inline constexpr double kExtrapolationMargin = 1.02;
 // Extrapolate up to this multiple of the largest profiled batch.
 inline constexpr double kMaxBatchFactor = 2.0;

@@ -401,8 +401,8 @@ PlanResult plan(const formats::Profile& profile, const std::string& file, const 
     }
     std::string reason = o.batch ? "--batch " + std::to_string(*o.batch)
                                  : "most predicted samples/s among batches " + join(seen) +
-                                       " (each with its own least-time recompute set; an extrapolated batch must "
-                                       "win by " +
+                                       " (each with its own least-time recompute set; a batch outside the "
+                                       "profiled range must win by " +
                                        pct(kExtrapolationMargin) + ")";
     std::map<std::string, double> n = {{"micro_batch", static_cast<double>(batch)},
                                        {"predicted_samples_per_s", chosen.prediction.samples_per_s}};

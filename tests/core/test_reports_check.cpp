@@ -249,6 +249,23 @@ TEST_CASE("Long runs are judged on curves: Pearson and mean relative error", "[r
   CHECK(r.verdict == Verdict::kNumericsFailure);
 }
 
+TEST_CASE("--curve-loss-only gates the loss curve and reports the gradient-norm curve", "[reports][check]") {
+  const auto base = synthetic_run(250, 800.0, 1);
+  auto noisy_norm = synthetic_run(250, 800.0, 2);
+  for (auto& g : noisy_norm.grad_norm) g *= 1.02;  // the gradient norm off by 2%, the loss as the baseline's
+  CHECK(run_check(base, noisy_norm).verdict == Verdict::kNumericsFailure);
+  CheckOptions loss_only;
+  loss_only.curve_gates_grad_norm = false;
+  auto r = run_check(base, noisy_norm, loss_only);
+  CHECK(r.verdict == Verdict::kPass);
+  REQUIRE(r.numerics.series.size() == 2);
+  CHECK_FALSE(r.numerics.series[1].gated);
+  CHECK(contains(vlatune::reports::format_check(r, loss_only), "reported, not gated (--curve-loss-only)"));
+  auto bad_loss = noisy_norm;
+  for (auto& l : bad_loss.loss) l *= 1.02;  // the loss curve is still gated
+  CHECK(run_check(base, bad_loss, loss_only).verdict == Verdict::kNumericsFailure);
+}
+
 TEST_CASE("--numerics compares runs of different recipes and GPUs, not of different seeds", "[reports][check]") {
   const auto base = synthetic_run(250, 800.0, 1);
   auto fp8 = synthetic_run(250, 600.0, 2);
