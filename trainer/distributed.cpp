@@ -1,7 +1,11 @@
 #include "trainer/distributed.h"
 
+#include <condition_variable>
 #include <cstdlib>
+#include <iostream>
+#include <mutex>
 #include <sstream>
+#include <thread>
 
 #include <ATen/ATen.h>
 
@@ -128,7 +132,71 @@ std::string set_nccl_environment() {
   // Tear down on a collective error or timeout (the watchdog aborts the communicator and ends the process) rather
   // than leaving a rank hanging in a collective whose peer died.
   ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", 0);
+  // No debug dump on a timeout: it can hang the process it was meant to end (StepWatchdog is the backstop).
+  ::setenv("TORCH_NCCL_DUMP_ON_TIMEOUT", "0", 0);
   return warning;
+}
+
+struct StepWatchdog::Impl {
+  int rank, world_size;
+  std::chrono::milliseconds timeout;
+  Expire on_expire;
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool done = false;
+  int64_t steps = 0;
+  std::chrono::steady_clock::time_point last = std::chrono::steady_clock::now();
+  std::thread thread;
+
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex);
+    while (!done) {
+      const auto limit = steps == 0 ? 3 * timeout : timeout;
+      const auto deadline = last + limit;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        std::ostringstream os;
+        os << "distributed: rank " << rank << " of " << world_size << " finished no training step in "
+           << std::chrono::duration<double>(limit).count() << " s (--dist-timeout "
+           << std::chrono::duration<double>(timeout).count() << " s" << (steps == 0 ? ", x3 for the first step" : "")
+           << ", " << steps << " steps done): another rank probably died or stalled; see its log. Exiting.";
+        const std::string message = os.str();
+        lock.unlock();
+        on_expire(message);
+        return;
+      }
+      wake.wait_until(lock, deadline);
+    }
+  }
+};
+
+StepWatchdog::StepWatchdog(int rank, int world_size, std::chrono::milliseconds timeout, Expire on_expire)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->rank = rank;
+  impl_->world_size = world_size;
+  impl_->timeout = timeout;
+  impl_->on_expire = on_expire ? std::move(on_expire) : [](const std::string& message) {
+    std::cerr << message << std::endl;
+    std::_Exit(1);  // now: a collective may hold locks that a normal exit would wait on
+  };
+  impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
+}
+
+StepWatchdog::~StepWatchdog() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->done = true;
+  }
+  impl_->wake.notify_all();
+  impl_->thread.join();
+}
+
+void StepWatchdog::step_done() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    ++impl_->steps;
+    impl_->last = std::chrono::steady_clock::now();
+  }
+  impl_->wake.notify_all();
 }
 
 std::string describe_dist_failure(const std::string& what, int rank, int world_size, const std::string& backend,

@@ -76,6 +76,24 @@ c10::Device bind_process_device(c10::Device resolved, const DistEnv& env);
 // line when the user's own NCCL_NVLS_ENABLE is non-zero, else "".
 std::string set_nccl_environment();
 
+// The backstop against a rank that hangs after a peer died: ends the process when no training step finishes
+// within `timeout` (the first within 3 x timeout: start-up and first-step work). NCCL's own watchdog notices a
+// stuck collective but can then hang in its debug dump (seen on the H200 pair), so the trainer does not rely on it.
+// On expiry: `on_expire(message)`; the default prints the message and ends the process with exit code 1 at once.
+class StepWatchdog {
+ public:
+  using Expire = std::function<void(const std::string& message)>;
+  StepWatchdog(int rank, int world_size, std::chrono::milliseconds timeout, Expire on_expire = {});
+  ~StepWatchdog();
+  StepWatchdog(const StepWatchdog&) = delete;
+  StepWatchdog& operator=(const StepWatchdog&) = delete;
+  void step_done();  // a step finished: the clock starts again
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 class ProcessGroup {
  public:
   // Rendezvous and process group: NCCL when `device` is CUDA (the caller has made cuda:local_rank current),

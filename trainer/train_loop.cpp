@@ -10,6 +10,7 @@
 #include <csignal>
 #include <fstream>
 #include <iomanip>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -323,6 +324,9 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& call
   int64_t step = first_step;
   bool stop = !dist && g_stop_signal.load() != 0;  // data-parallel: the ranks agree after each step
   const auto loop_start = std::chrono::steady_clock::now();
+  std::optional<StepWatchdog> watchdog;
+  if (dist)
+    watchdog.emplace(rank, world_size, std::chrono::milliseconds(static_cast<int64_t>(opt.dist_timeout_s * 1000.0)));
   for (; step < total_steps && !stop; ++step) {
     reset_peak_allocated(device);
     const auto t0 = std::chrono::steady_clock::now();
@@ -354,6 +358,7 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& call
     } else {
       stop = g_stop_signal.load() != 0;
     }
+    if (watchdog) watchdog->step_done();
     const bool nonfinite = res.skipped || !std::isfinite(loss);
     const double step_peak = peak_allocated_gib(device);
     peak_gib = std::max(peak_gib, step_peak);
@@ -451,6 +456,7 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& call
     log << "data-parallel: parameters identical on all " << world_size << " ranks (checksum " << std::setprecision(17)
         << c[0] << std::defaultfloat << std::setprecision(6) << ")\n";
   }
+  watchdog.reset();  // past the last collective: the writes below may take longer than a step
   if (opt.save) {
     const std::string ck_dir = write_ck(step);
     if (summary.interrupted)

@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -246,6 +247,33 @@ TEST_CASE("The launch environment: torchrun and Slurm variables, or one process"
   CHECK_THROWS_WITH(dist_env_from(env_of({{"RANK", "x"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "a"}})),
                     Catch::Contains("RANK=x"));
   CHECK_THROWS_WITH(dist_env_from(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}})), Catch::Contains("MASTER_ADDR"));
+}
+
+TEST_CASE("The step watchdog fires when no step finishes in time, and not while steps keep finishing",
+          "[distributed]") {
+  using namespace std::chrono_literals;
+  std::mutex m;
+  std::vector<std::string> fired;
+  auto record = [&](const std::string& message) {
+    std::lock_guard<std::mutex> lock(m);
+    fired.push_back(message);
+  };
+  {
+    vlatune::trainer::StepWatchdog dog(1, 2, 40ms, record);
+    for (int i = 0; i < 10; ++i) {  // steps every 10 ms: never 40 ms apart (the first may take 120 ms)
+      std::this_thread::sleep_for(10ms);
+      dog.step_done();
+    }
+  }
+  CHECK(fired.empty());
+  {
+    vlatune::trainer::StepWatchdog dog(1, 2, 40ms, record);
+    dog.step_done();
+    std::this_thread::sleep_for(300ms);  // a peer died: no step finishes
+  }
+  REQUIRE(fired.size() == 1);
+  CHECK_THAT(fired[0], Catch::Contains("rank 1 of 2") && Catch::Contains("no training step in 0.04 s") &&
+                           Catch::Contains("another rank probably died"));
 }
 
 TEST_CASE("Default gradient groups: the named units in backward order, covering every parameter", "[distributed]") {
