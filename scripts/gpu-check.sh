@@ -6,7 +6,7 @@
 #   bash scripts/pack-deps.sh && mkdir -p .ref && cp ../shared/reference/pi05_torch_reference.py .ref/
 #   device run: command "bash scripts/gpu-check.sh --ref compiled", carry [".deps", ".ref"]
 #
-# Environment: VLATUNE_COMMIT names the commit when the tree arrives without .git.
+# Environment: VLATUNE_COMMIT names the commit (else git's HEAD: a device copy's git metadata can lag the tree).
 #
 # Options:
 #   --ref LIST     comma-separated reference variants to run in the same call (none by default):
@@ -67,7 +67,7 @@ if [ "$no_build" = 0 ]; then
 log "build (build-gpu/)"
 prefix="$root/.deps/root/usr"
 [ -d "$prefix" ] || { echo "gpu-check: .deps missing: run scripts/pack-deps.sh here and carry .deps" >&2; exit 4; }
-commit="$(git rev-parse --short=12 HEAD 2>/dev/null || echo "${VLATUNE_COMMIT:-unknown}")"
+commit="${VLATUNE_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DVLATUNE_PYTHON="$python" -DVLATUNE_CUDA=ON \
   -DVLATUNE_GIT_COMMIT="$commit" \
   -DCMAKE_PREFIX_PATH="$prefix" >/tmp/cmake.log 2>&1 || { cp /tmp/cmake.log "$out/"; tail -40 /tmp/cmake.log; exit 1; }

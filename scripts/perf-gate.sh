@@ -17,7 +17,7 @@
 #   --vlatune PATH     use this binary (skip the build; e.g. after gpu-check.sh --build-only in the same call)
 #   -- ARGS            further arguments for `vlatune check` (e.g. -- --threshold 5)
 #
-# Environment: VLATUNE_COMMIT names the commit when the tree arrives without .git.
+# Environment: VLATUNE_COMMIT names the commit (else git's HEAD: a device copy's git metadata can lag the tree).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -56,7 +56,7 @@ if [ -z "$vlatune" ]; then
   python="$(command -v python3)"
   prefix="$root/.deps/root/usr"
   [ -d "$prefix" ] || { echo "perf-gate: .deps missing: run scripts/pack-deps.sh here and carry .deps" >&2; exit 4; }
-  commit="$(git rev-parse --short=12 HEAD 2>/dev/null || echo "${VLATUNE_COMMIT:-unknown}")"
+  commit="${VLATUNE_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}"
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DVLATUNE_PYTHON="$python" -DVLATUNE_CUDA=ON \
     -DVLATUNE_GIT_COMMIT="$commit" -DCMAKE_PREFIX_PATH="$prefix" >/tmp/perf-cmake.log 2>&1 \
     || { tail -40 /tmp/perf-cmake.log; exit 4; }

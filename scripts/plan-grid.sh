@@ -33,7 +33,7 @@ if [ -z "$vlatune" ]; then
   prefix="$root/.deps/root/usr"
   [ -d "$prefix" ] || { echo "plan-grid: .deps missing: run scripts/pack-deps.sh here and carry .deps" >&2; exit 4; }
   python="$(command -v python3)"
-  commit="$(git rev-parse --short=12 HEAD 2>/dev/null || echo "${VLATUNE_COMMIT:-unknown}")"
+  commit="${VLATUNE_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}"
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DVLATUNE_PYTHON="$python" -DVLATUNE_CUDA=ON \
     -DVLATUNE_GIT_COMMIT="$commit" -DCMAKE_PREFIX_PATH="$prefix" >/tmp/cmake.log 2>&1 \
     || { tail -40 /tmp/cmake.log; exit 1; }

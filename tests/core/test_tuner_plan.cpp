@@ -184,6 +184,7 @@ TEST_CASE("--fp8 auto picks the measured winners outside the precision-sensitive
     CHECK(p.find("gemma_expert") == std::string::npos);  // M = 1600: the casts eat the gain
   }
   CHECK(r.predicted.fp8_ms < 0);
+  CHECK(r.recipe.fp8.scaling == vlatune::formats::Fp8Scaling::kDelayed);  // the measured faster mode
   // Every GEMM's verdict is explained with its numbers.
   int verdicts = 0;
   for (const auto& x : r.recipe.rationale)
