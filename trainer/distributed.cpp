@@ -345,18 +345,44 @@ std::chrono::milliseconds ProcessGroup::timeout() const {
   return impl_->timeout;
 }
 
+namespace {
+
+std::unique_ptr<ProcessGroup::Pending> allreduce_op(ProcessGroup::Impl* impl, at::Tensor& tensor,
+                                                    c10d::ReduceOp::RedOpType op, const std::string& what);
+
+}  // namespace
+
 std::unique_ptr<ProcessGroup::Pending> ProcessGroup::allreduce_sum(at::Tensor& tensor, const std::string& what) {
+  return allreduce_op(impl_.get(), tensor, c10d::ReduceOp::SUM, what);
+}
+
+bool ProcessGroup::supports_average() const {
+  return impl_->backend == "nccl";
+}
+
+std::unique_ptr<ProcessGroup::Pending> ProcessGroup::allreduce_average(at::Tensor& tensor, const std::string& what) {
+  if (!supports_average())
+    throw std::logic_error("ProcessGroup::allreduce_average: the " + impl_->backend + " backend has no AVG");
+  return allreduce_op(impl_.get(), tensor, c10d::ReduceOp::AVG, what);
+}
+
+namespace {
+
+std::unique_ptr<ProcessGroup::Pending> allreduce_op(ProcessGroup::Impl* impl, at::Tensor& tensor,
+                                                    c10d::ReduceOp::RedOpType op, const std::string& what) {
   c10::intrusive_ptr<c10d::Work> work;
   try {
     std::vector<at::Tensor> tensors{tensor};
     c10d::AllreduceOptions options;
-    options.reduceOp = c10d::ReduceOp::SUM;
-    work = impl_->pg->allreduce(tensors, options);
+    options.reduceOp = op;
+    work = impl->pg->allreduce(tensors, options);
   } catch (const std::exception& e) {
-    impl_->fail(what, e.what());
+    impl->fail(what, e.what());
   }
-  return std::make_unique<PendingWork>(impl_.get(), std::move(work), what);
+  return std::make_unique<PendingWork>(impl, std::move(work), what);
 }
+
+}  // namespace
 
 void ProcessGroup::allreduce_sum_blocking(at::Tensor& tensor, const std::string& what) {
   allreduce_sum(tensor, what)->wait();

@@ -117,6 +117,10 @@ class ProcessGroup {
   };
   // Sum over ranks, in place, asynchronously. `what` names the operation in errors ("all-reduce of group X").
   std::unique_ptr<Pending> allreduce_sum(at::Tensor& tensor, const std::string& what);
+  // The mean over ranks inside the collective (NCCL's ReduceOp::AVG: no separate division pass). Gloo has no AVG:
+  // there supports_average() is false and callers sum and divide.
+  bool supports_average() const;
+  std::unique_ptr<Pending> allreduce_average(at::Tensor& tensor, const std::string& what);
   // Blocking helpers (the host waits, also on NCCL).
   void allreduce_sum_blocking(at::Tensor& tensor, const std::string& what);
   void broadcast(std::vector<at::Tensor>& tensors, int root, const std::string& what);

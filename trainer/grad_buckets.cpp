@@ -117,6 +117,8 @@ struct GradBuckets::State {
       const at::Tensor& param = params[p];
       at::Tensor slice = flat[g].narrow(0, offset[p], param.numel()).view(param.sizes());
       const at::Tensor& grad = param.grad();
+      if (grad.defined() && grad.data_ptr() == slice.data_ptr())
+        continue;  // already the bucket's view (zero_grad kept it): accumulated in place
       if (grad.defined())
         slice.copy_(grad);
       else
@@ -125,15 +127,24 @@ struct GradBuckets::State {
   }
 
   void unpack(size_t g) {
-    flat[g].div_(static_cast<double>(pg->size()));
+    if (!pg->supports_average()) flat[g].div_(static_cast<double>(pg->size()));  // NCCL averaged already
     for (size_t p : groups[g].params) {
       at::Tensor& param = params[p];
       at::Tensor slice = flat[g].narrow(0, offset[p], param.numel()).view(param.sizes());
-      if (param.grad().defined())
+      if (slice.scalar_type() == param.scalar_type()) {
+        // The gradient becomes a view of the bucket (no copy back). The next pack() of this group runs after this
+        // step's optimizer (stream order), and zero_grad() drops the view before the next backward.
+        param.mutable_grad() = slice;
+      } else if (param.grad().defined()) {
         param.mutable_grad().copy_(slice);
-      else
+      } else {
         param.mutable_grad() = slice.to(param.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+      }
     }
+  }
+
+  std::unique_ptr<ProcessGroup::Pending> reduce(size_t g) {
+    return pg->supports_average() ? pg->allreduce_average(flat[g], what(g)) : pg->allreduce_sum(flat[g], what(g));
   }
 
   // Caller holds `mutex`.
@@ -148,13 +159,13 @@ struct GradBuckets::State {
       grads_ready.block(*comm_stream);
       c10::cuda::CUDAStreamGuard on_comm(*comm_stream);
       pack(g);
-      pending[g] = pg->allreduce_sum(flat[g], what(g));
+      pending[g] = reduce(g);
       if (in_backward) ++launched_in_backward;
       return;
     }
 #endif
     pack(g);
-    pending[g] = pg->allreduce_sum(flat[g], what(g));
+    pending[g] = reduce(g);
     if (in_backward) ++launched_in_backward;
   }
 
