@@ -59,6 +59,31 @@ __device__ __forceinline__ void atomic_max_nonneg(float* address, float value) {
   atomicMax(reinterpret_cast<int*>(address), __float_as_int(value));
 }
 
+using Tile = uint8_t[kTile][kTile + 16];  // an FP8 tile in shared memory, padded against bank conflicts
+
+// This thread's share of a tile's transposed write: tile column c becomes output row `first_out_row + c`; each thread
+// writes 16 consecutive source rows (16 bytes). Call after the block's barrier, with `part` from tile_part().
+struct TilePart {
+  int c, r;
+};
+__device__ __forceinline__ TilePart tile_part() {
+  return {static_cast<int>(threadIdx.x) / (kTile / 16), (static_cast<int>(threadIdx.x) % (kTile / 16)) * 16};
+}
+__device__ __forceinline__ void write_transposed(const Tile& tile, TilePart part, uint8_t* out_row0, int64_t ld,
+                                                 int64_t gr) {
+  Pack<uint8_t, 16> q;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) q.v[j] = tile[part.r + j][part.c];
+  *reinterpret_cast<Pack<uint8_t, 16>*>(out_row0 + part.c * ld + gr) = q;
+}
+
+// The block's max |value| into amax_out (atomic), when one is wanted.
+__device__ __forceinline__ void record_amax(float m, float* amax_out) {
+  if (amax_out == nullptr) return;
+  m = block_max_all(m);
+  if (threadIdx.x == 0) atomic_max_nonneg(amax_out, m);
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads) fp8_amax_kernel(const Fp8AmaxParams p) {
   constexpr int V = kVec<T>;
@@ -96,7 +121,7 @@ __global__ void __launch_bounds__(kThreads) fp8_quant_kernel(const Fp8QuantParam
   constexpr int V = kVec<T>;             // elements per 16-byte load: 8 bf16, 4 fp32
   constexpr int kVecPerRow = kTile / V;  // vectors per tile row
   __shared__ float s_scale;
-  __shared__ __align__(16) uint8_t tile[kTile][kTile + 16];  // FP8 tile for the transposed write
+  __shared__ __align__(16) Tile tile;  // FP8 tile for the transposed write
   if (threadIdx.x == 0) {
     const bool first = blockIdx.x == 0 && blockIdx.y == 0;
     const float scale =
@@ -137,20 +162,11 @@ __global__ void __launch_bounds__(kThreads) fp8_quant_kernel(const Fp8QuantParam
   }
   if (out_t != nullptr) {
     __syncthreads();
-    // Transposed: tile column c becomes an output row; each thread writes 16 consecutive source rows (16 bytes).
-    const int c = threadIdx.x / (kTile / 16), r = (threadIdx.x % (kTile / 16)) * 16;
-    const int64_t gr = row0 + r, gc = col0 + c;
-    if (gr < p.rows && gc < p.cols) {
-      Pack<uint8_t, 16> q;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) q.v[j] = tile[r + j][c];
-      *reinterpret_cast<Pack<uint8_t, 16>*>(out_t + gc * p.out_t_ld + gr) = q;
-    }
+    const TilePart part = tile_part();
+    const int64_t gr = row0 + part.r;
+    if (gr < p.rows && col0 + part.c < p.cols) write_transposed(tile, part, out_t + col0 * p.out_t_ld, p.out_t_ld, gr);
   }
-  if (p.amax_out != nullptr) {
-    m = block_max_all(m);
-    if (threadIdx.x == 0) atomic_max_nonneg(p.amax_out, m);
-  }
+  record_amax(m, p.amax_out);
 }
 
 // The GeGLU backward, cast: one 64 x 64 tile of the GeGLU width per block; d gate, d up and the recomputed GeGLU
@@ -161,9 +177,9 @@ __global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluB
   constexpr int V = kVec<T>;
   constexpr int kVecPerRow = kTile / V;
   __shared__ float s_scale, s_act_scale;
-  __shared__ __align__(16) uint8_t tile_g[kTile][kTile + 16];
-  __shared__ __align__(16) uint8_t tile_u[kTile][kTile + 16];
-  __shared__ __align__(16) uint8_t tile_a[kTile][kTile + 16];
+  __shared__ __align__(16) Tile tile_g;
+  __shared__ __align__(16) Tile tile_u;
+  __shared__ __align__(16) Tile tile_a;
   if (threadIdx.x == 0) {
     const bool first = blockIdx.x == 0 && blockIdx.y == 0;
     const float scale =
@@ -218,29 +234,17 @@ __global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluB
   }
   if (out_t != nullptr || act_t != nullptr) {
     __syncthreads();
-    const int c = threadIdx.x / (kTile / 16), r = (threadIdx.x % (kTile / 16)) * 16;
-    const int64_t gr = row0 + r, gc = col0 + c;
-    if (gr < p.rows && gc < f) {
-      Pack<uint8_t, 16> q;
+    const TilePart part = tile_part();
+    const int64_t gr = row0 + part.r;
+    if (gr < p.rows && col0 + part.c < f) {
       if (out_t != nullptr) {
-#pragma unroll
-        for (int j = 0; j < 16; ++j) q.v[j] = tile_g[r + j][c];
-        *reinterpret_cast<Pack<uint8_t, 16>*>(out_t + gc * p.out_t_ld + gr) = q;
-#pragma unroll
-        for (int j = 0; j < 16; ++j) q.v[j] = tile_u[r + j][c];
-        *reinterpret_cast<Pack<uint8_t, 16>*>(out_t + (f + gc) * p.out_t_ld + gr) = q;
+        write_transposed(tile_g, part, out_t + col0 * p.out_t_ld, p.out_t_ld, gr);
+        write_transposed(tile_u, part, out_t + (f + col0) * p.out_t_ld, p.out_t_ld, gr);
       }
-      if (act_t != nullptr) {
-#pragma unroll
-        for (int j = 0; j < 16; ++j) q.v[j] = tile_a[r + j][c];
-        *reinterpret_cast<Pack<uint8_t, 16>*>(act_t + gc * bp.act_t_ld + gr) = q;
-      }
+      if (act_t != nullptr) write_transposed(tile_a, part, act_t + col0 * bp.act_t_ld, bp.act_t_ld, gr);
     }
   }
-  if (p.amax_out != nullptr) {
-    m = block_max_all(m);
-    if (threadIdx.x == 0) atomic_max_nonneg(p.amax_out, m);
-  }
+  record_amax(m, p.amax_out);
 }
 
 template <typename T, bool kGeglu>

@@ -56,12 +56,28 @@ std::string kernel_category(const std::string& name, ActivityKind kind) {
   return "other";
 }
 
+ScopeLookup::ScopeLookup(const TraceData& trace) {
+  for (const auto& c : trace.correlations) external_of_[c.correlation_id] = c.external_id;
+  for (const auto& s : trace.scopes) instance_[s.id] = &s;
+}
+
+const ScopeRecord* ScopeLookup::of(const ActivityRecord& a) const {
+  uint64_t ext = a.external_id;
+  if (ext == 0) {
+    auto it = external_of_.find(a.correlation_id);
+    if (it != external_of_.end()) ext = it->second;
+  }
+  return ext == 0 ? nullptr : by_id(ext);
+}
+
+const ScopeRecord* ScopeLookup::by_id(uint64_t id) const {
+  auto inst = instance_.find(id);
+  return inst == instance_.end() ? nullptr : inst->second;
+}
+
 AttributionResult attribute(const TraceData& trace, int64_t steps, const std::map<std::string, ModuleInfo>& modules) {
   const double per_step = static_cast<double>(std::max<int64_t>(steps, 1));
-  std::unordered_map<uint32_t, uint64_t> external_of;  // CUPTI correlation id -> scope instance
-  for (const auto& c : trace.correlations) external_of[c.correlation_id] = c.external_id;
-  std::unordered_map<uint64_t, const ScopeRecord*> instance;
-  for (const auto& s : trace.scopes) instance[s.id] = &s;
+  const ScopeLookup lookup(trace);
 
   // Module rows in order of first appearance.
   // Scopes of one module share its row: the per-group "<comm>:group" scopes all count for "<comm>" (comm_stats.h).
@@ -109,13 +125,8 @@ AttributionResult attribute(const TraceData& trace, int64_t steps, const std::ma
     k.ms += ms;
     if (a.graph_node != 0) ++result.graph_kernels;
 
-    uint64_t ext = a.external_id;
-    if (ext == 0) {
-      auto it = external_of.find(a.correlation_id);
-      if (it != external_of.end()) ext = it->second;
-    }
-    auto inst = ext != 0 ? instance.find(ext) : instance.end();
-    if (inst == instance.end()) {
+    const ScopeRecord* scope = lookup.of(a);
+    if (scope == nullptr) {
       KernelAcc& u = unattributed[a.name];
       u.category = k.category;
       u.calls += 1;
@@ -123,17 +134,17 @@ AttributionResult attribute(const TraceData& trace, int64_t steps, const std::ma
       continue;
     }
     attributed_ms += ms;
-    const ScopeRecord& s = *inst->second;
+    const ScopeRecord& s = *scope;
     row(s.fqn).self_ms += ms / per_step;
     // Ancestry: the instance's module, then its parents' (distinct modules only).
     chain.clear();
     chain.push_back(row_index(s.fqn));
     for (uint64_t p = s.parent; p != 0;) {
-      auto pit = instance.find(p);
-      if (pit == instance.end()) break;
-      const size_t r = row_index(pit->second->fqn);
+      const ScopeRecord* parent = lookup.by_id(p);
+      if (parent == nullptr) break;
+      const size_t r = row_index(parent->fqn);
       if (std::find(chain.begin(), chain.end(), r) == chain.end()) chain.push_back(r);
-      p = pit->second->parent;
+      p = parent->parent;
     }
     for (size_t r : chain) {
       formats::ModuleCost& m = rows[r];

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "formats/profile.h"
@@ -32,6 +33,19 @@ struct AttributionResult {
 // `steps`: traced steps in `trace` (per-step figures are totals / steps). `modules`: kind and parameter bytes
 // per FQN (FQNs not listed get kind "pseudo" when they start with '<', else "module").
 AttributionResult attribute(const TraceData& trace, int64_t steps, const std::map<std::string, ModuleInfo>& modules);
+
+// The scope instance an activity record ran under: its external id (CUPTI's external correlation), or the one its
+// correlation id maps to. Null: outside every scope.
+class ScopeLookup {
+ public:
+  explicit ScopeLookup(const TraceData& trace);
+  const ScopeRecord* of(const ActivityRecord& a) const;
+  const ScopeRecord* by_id(uint64_t id) const;  // a scope instance (e.g. a parent), or null
+
+ private:
+  std::unordered_map<uint32_t, uint64_t> external_of_;  // CUPTI correlation id -> scope instance
+  std::unordered_map<uint64_t, const ScopeRecord*> instance_;
+};
 
 // Kernel category from its name and record kind ("gemm", "attention", "elementwise", "reduction", "optimizer",
 // "memcpy", "memset", "communication", "other").

@@ -34,27 +34,19 @@ std::string attribution_module_name(const std::string& scope_name) {
 }
 
 CommStats communication_from_trace(const TraceData& trace, const std::vector<CommGroupInfo>& groups, int world_size) {
-  std::unordered_map<uint32_t, uint64_t> external_of;
-  for (const auto& c : trace.correlations) external_of[c.correlation_id] = c.external_id;
-  std::unordered_map<uint64_t, const ScopeRecord*> instance;
-  for (const auto& s : trace.scopes) instance[s.id] = &s;
+  const ScopeLookup lookup(trace);
 
   CommStats out;
   std::map<int64_t, uint64_t> nccl_end, backward_end;         // per step
   std::map<int64_t, std::map<std::string, double>> group_ms;  // per step, per group
   for (const ActivityRecord& a : trace.activities) {
     const bool nccl = kernel_category(a.name, a.kind) == "communication";
-    uint64_t ext = a.external_id;
-    if (ext == 0) {
-      auto it = external_of.find(a.correlation_id);
-      if (it != external_of.end()) ext = it->second;
-    }
-    auto inst = ext != 0 ? instance.find(ext) : instance.end();
-    if (inst == instance.end()) {
+    const ScopeRecord* scope_record = lookup.of(a);
+    if (scope_record == nullptr) {
       if (nccl) ++out.unattributed_nccl;
       continue;
     }
-    const ScopeRecord& s = *inst->second;
+    const ScopeRecord& s = *scope_record;
     if (s.fqn < 0 || static_cast<size_t>(s.fqn) >= trace.names.size()) continue;
     const std::string& scope = trace.names[static_cast<size_t>(s.fqn)];
     const bool comm_scope = scope == kCommScope || starts_with(scope, kCommPrefix);

@@ -8,6 +8,7 @@
 
 #include "model/pi05.h"
 #include "profiler/scope.h"
+#include "scope_sink_test_util.h"
 
 using namespace vlatune::model;
 
@@ -198,25 +199,13 @@ TEST_CASE("set_recompute rejects an unknown FQN and a nested selection, naming t
   CHECK_NOTHROW(model.set_recompute({lm + "0.mlp", "paligemma_with_expert.gemma_expert.model.layers.0.mlp"}));
 }
 
-namespace {
-struct RecordingSink : vlatune::profiler::ScopeSink {
-  std::mutex mu;
-  std::vector<std::pair<std::string, vlatune::profiler::Phase>> pushes;
-  void push(const std::string& fqn, vlatune::profiler::Phase phase) override {
-    std::lock_guard<std::mutex> lock(mu);
-    pushes.emplace_back(fqn, phase);
-  }
-  void pop() override {}
-};
-}  // namespace
-
 TEST_CASE("Module scopes name the FQNs, and a recomputed module's re-run records the recompute phase", "[model]") {
   using vlatune::profiler::Phase;
   auto& model = tiny_fp64_model();
   auto b = exactness_batch(6);
   const std::string mlp = "paligemma_with_expert.gemma_expert.model.layers.0.mlp";
   model.set_recompute({mlp});
-  RecordingSink sink;
+  vlatune::test::RecordingScopeSink sink;
   vlatune::profiler::set_scope_sink(&sink);
   auto out = model.forward(b, ForwardOptions{});
   out.loss.backward();

@@ -18,6 +18,7 @@
 #include "model/pi05.h"
 #include "profiler/scope.h"
 #include "profiler/session.h"
+#include "scope_sink_test_util.h"
 #include "trainer/recipe_apply.h"
 
 #ifdef VLATUNE_HAVE_CUDA
@@ -130,22 +131,6 @@ TEST_CASE("Recomputing the gate+up output gives bit-identical loss and gradients
   net->set_recompute({});
 }
 
-namespace {
-struct PhaseSink : vlatune::profiler::ScopeSink {
-  std::mutex mu;
-  std::vector<std::pair<std::string, vlatune::profiler::Phase>> pushes;
-  void push(const std::string& fqn, vlatune::profiler::Phase phase) override {
-    std::lock_guard<std::mutex> lock(mu);
-    pushes.emplace_back(fqn, phase);
-  }
-  void pop() override {}
-  long count(const std::string& fqn, vlatune::profiler::Phase phase) {
-    return std::count_if(pushes.begin(), pushes.end(),
-                         [&](const auto& p) { return p.first == fqn && p.second == phase; });
-  }
-};
-}  // namespace
-
 TEST_CASE("The gate+up rebuild runs once per backward, in the MLP's scope and the recompute phase",
           "[model][recompute]") {
   using vlatune::profiler::Phase;
@@ -158,7 +143,7 @@ TEST_CASE("The gate+up rebuild runs once per backward, in the MLP's scope and th
   o.kernels = kernels;
   o.skip_dead = false;
   net->set_recompute({gate_up(0)});  // layer 1's prefix MLP feeds nothing: no backward
-  PhaseSink sink;
+  vlatune::test::RecordingScopeSink sink;
   vlatune::profiler::set_scope_sink(&sink);
   auto out = net->forward(batch, o);
   out.loss.backward();
