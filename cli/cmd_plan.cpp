@@ -84,7 +84,9 @@ void setup_plan(CLI::App& app, Context& ctx) {
   cmd->add_option("--memory-budget", o->memory_budget_gib, "GiB (default: profiled GPU memory - 5%)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--batch", o->batch, "Micro-batch: a number, or 'auto' (chosen with the recompute set)");
-  cmd->add_option("--fp8", o->fp8, "FP8 Linears: off (default until the trainer runs FP8) or auto (measured)")
+  cmd->add_option(
+         "--fp8", o->fp8,
+         "FP8 Linears: off (default: plans stay bf16 unless asked) or auto (measured winners, delayed scaling)")
       ->check(CLI::IsMember({"off", "auto"}));
   cmd->add_option("--fp8-include", o->plan.fp8_include,
                   "Pattern: consider these Linears for FP8 despite the default exclusions (repeatable)");

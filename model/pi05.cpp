@@ -241,6 +241,11 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
     throw std::invalid_argument("Pi05: loss_action_dim must be in [1, " + std::to_string(cfg_.action_dim) + "], got " +
                                 std::to_string(options.loss_action_dim));
 
+  // Work on the batch itself (shortcuts, prefix assembly, flow-matching mix, time embedding, mask, positions, RoPE
+  // tables) is attributed to the pseudo-module "<inputs>"; modules called in between keep their own scopes.
+  static const std::string inputs_scope_name = profiler::kInputsScope;
+  std::optional<profiler::Scope> inputs_scope(std::in_place, inputs_scope_name);
+
   // 1. Exact shortcuts: decided once per step on the host (the only host syncs of the forward).
   torch::Tensor images = batch.images, image_masks = batch.image_masks;
   if (options.prune_slots && image_masks.size(1) > 0) {
@@ -273,6 +278,8 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
     }
   }
 
+  inputs_scope.reset();
+
   // The fused kernels and merged GEMMs (kernels/fused_ops.h): by default on CUDA only; the CPU stays exact.
   const bool fused = options.kernels == Kernels::kFused || (options.kernels == Kernels::kAuto && device.is_cuda());
 
@@ -298,22 +305,22 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
       features = tower.forward(pixels, compute, options.attention, recompute_.vision_layer, fused);
     }
     auto projected = projector().forward(features);  // image tokens are not rescaled
+    inputs_scope.emplace(inputs_scope_name);
     prefix_parts.push_back(projected.reshape({b, slots * per_image, projected.size(-1)}));
     prefix_valid.push_back(image_masks.unsqueeze(-1).expand({b, slots, per_image}).reshape({b, slots * per_image}));
+    inputs_scope.reset();
   }
   {
     const double scale = std::sqrt(static_cast<double>(cfg_.backbone.width));
-    prefix_parts.push_back((lm.embed_tokens(tokens).to(md) * scale).to(compute));
+    torch::Tensor embedded = lm.embed_tokens(tokens);
+    inputs_scope.emplace(inputs_scope_name);
+    prefix_parts.push_back((embedded.to(md) * scale).to(compute));
     prefix_valid.push_back(token_masks);
   }
   torch::Tensor hp = at::cat(prefix_parts, 1);
   torch::Tensor pmask = at::cat(prefix_valid, 1);
 
   // 3. Suffix and time condition (flow matching, spec §7.1: x_t = t*noise + (1-t)*actions, u = noise - actions).
-  // Inputs derived from the batch (flow-matching mix, time embedding, mask, positions, RoPE tables) are
-  // attributed to the pseudo-module "<inputs>"; the Linears in between keep their own scopes.
-  static const std::string inputs_scope_name = profiler::kInputsScope;
-  std::optional<profiler::Scope> inputs_scope(std::in_place, inputs_scope_name);
   auto t = batch.time.to(md).view({b, 1, 1});
   auto noise = batch.noise.to(md), actions = batch.actions.to(md);
   auto x_t = t * noise + (1.0 - t) * actions;
@@ -326,7 +333,16 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
   inputs_scope.reset();
   JointInputs joint;
   joint.fused = fused;
-  joint.cond = torch::silu(time_mlp_out(torch::silu(time_mlp_in(temb))));
+  {
+    torch::Tensor h = time_mlp_in(temb);
+    inputs_scope.emplace(inputs_scope_name);
+    h = torch::silu(h);
+    inputs_scope.reset();
+    h = time_mlp_out(h);
+    inputs_scope.emplace(inputs_scope_name);
+    joint.cond = torch::silu(h);
+    inputs_scope.reset();
+  }
   joint.attention = options.attention;
 
   // 4. Mask and positions over N = P + S: i attends j iff block(j) <= block(i) and valid(j) (prefix block 0,

@@ -454,9 +454,9 @@ PlanResult plan(const formats::Profile& profile, const std::string& file, const 
           {"margin", fp8.effective_margin}}});
   } else {
     why.push_back({"FP8 off",
-                   "--fp8 off (the default until the trainer runs FP8 Linears); --fp8 auto would select " +
-                       std::to_string(fp8_chosen.size()) + " of " + std::to_string(fp8.verdicts.size()) +
-                       " GEMMs for " + fmt(fp8.saved_ms, 2) + " ms per step at margin " + fmt(fp8.effective_margin, 3),
+                   "--fp8 off (the default); --fp8 auto would select " + std::to_string(fp8_chosen.size()) + " of " +
+                       std::to_string(fp8.verdicts.size()) + " GEMMs for " + fmt(fp8.saved_ms, 2) +
+                       " ms per step at margin " + fmt(fp8.effective_margin, 3),
                    {{"would_save_ms", fp8.saved_ms}, {"would_select_gemms", static_cast<double>(fp8_chosen.size())}}});
     fp8_chosen.clear();
   }
