@@ -43,7 +43,7 @@ void check_fp32_scalar(const char* name, const at::Tensor& t, const at::Tensor& 
     fail(std::string(name) + " must be one fp32 element on " + x.device().str(), t);
 }
 
-// The outputs of a cast of a [rows, cols] tensor on `device` (x: named in messages).
+// The outputs of a cast of a [rows, cols] tensor (x: its device, and named in messages).
 void check_cast_outputs(int64_t rows, int64_t cols, const at::Tensor& x, Fp8Format format, const at::Tensor& amax_in,
                         const Fp8QuantOutputs& o) {
   if (!amax_in.defined() || amax_in.dim() != 1 || amax_in.numel() < 1 || amax_in.scalar_type() != at::kFloat ||
@@ -67,6 +67,16 @@ void check_outputs(const at::Tensor& x, Fp8Format format, const at::Tensor& amax
   if (x.size(0) % 16 != 0 || x.size(1) % 16 != 0) fail("rows and cols must be multiples of 16 (FP8 GEMM operands)", x);
   check_cast_outputs(x.size(0), x.size(1), x, format, amax_in, o);
 }
+
+#ifdef VLATUNE_HAVE_CUDA
+void fill_outputs(Fp8QuantParams& p, const Fp8QuantOutputs& o) {
+  if (o.out.defined()) p.out = o.out.data_ptr(), p.out_ld = o.out.stride(0);
+  if (o.out_t.defined()) p.out_t = o.out_t.data_ptr(), p.out_t_ld = o.out_t.stride(0);
+  p.amax_out = o.amax_out.defined() ? o.amax_out.data_ptr<float>() : nullptr;
+  p.inv_scale_out = o.inv_scale.defined() ? o.inv_scale.data_ptr<float>() : nullptr;
+  p.amax_used_out = o.amax_used.defined() ? o.amax_used.data_ptr<float>() : nullptr;
+}
+#endif
 
 }  // namespace
 
@@ -131,11 +141,7 @@ void fp8_quantize_into(const at::Tensor& x, Fp8Format format, const at::Tensor& 
   p.amax_in = amax_in.const_data_ptr<float>();
   p.amax_count = static_cast<int>(amax_in.numel());
   p.amax_skip = static_cast<int>(amax_skip);
-  if (o.out.defined()) p.out = o.out.data_ptr(), p.out_ld = o.out.stride(0);
-  if (o.out_t.defined()) p.out_t = o.out_t.data_ptr(), p.out_t_ld = o.out_t.stride(0);
-  p.amax_out = o.amax_out.defined() ? o.amax_out.data_ptr<float>() : nullptr;
-  p.inv_scale_out = o.inv_scale.defined() ? o.inv_scale.data_ptr<float>() : nullptr;
-  p.amax_used_out = o.amax_used.defined() ? o.amax_used.data_ptr<float>() : nullptr;
+  fill_outputs(p, o);
   launch_fp8_quantize(p, c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
 #endif
 }
@@ -155,16 +161,6 @@ bool geglu_cast_kernel_applies(const at::Tensor& merged) {
   return kernel_applies(merged) && merged.data_ptr() != nullptr &&
          reinterpret_cast<uintptr_t>(merged.data_ptr()) % 16 == 0;
 }
-
-#ifdef VLATUNE_HAVE_CUDA
-void fill_outputs(Fp8QuantParams& p, const Fp8QuantOutputs& o) {
-  if (o.out.defined()) p.out = o.out.data_ptr(), p.out_ld = o.out.stride(0);
-  if (o.out_t.defined()) p.out_t = o.out_t.data_ptr(), p.out_t_ld = o.out_t.stride(0);
-  p.amax_out = o.amax_out.defined() ? o.amax_out.data_ptr<float>() : nullptr;
-  p.inv_scale_out = o.inv_scale.defined() ? o.inv_scale.data_ptr<float>() : nullptr;
-  p.amax_used_out = o.amax_used.defined() ? o.amax_used.data_ptr<float>() : nullptr;
-}
-#endif
 
 }  // namespace
 
