@@ -11,6 +11,7 @@
 
 #include "kernels/fused.h"
 #include "kernels/fused_ops.h"
+#include "kernels/merged_rebuild_node.h"
 #include "profiler/scope.h"
 
 #ifdef VLATUNE_HAVE_CUDA
@@ -662,11 +663,6 @@ struct MergedLinearFn : public torch::autograd::Function<MergedLinearFn> {
   }
 };
 
-// The rebuild function of a MergedRebuild, in a capsule (saved_data holds IValues only).
-struct RebuildHolder : torch::CustomClassHolder {
-  std::function<at::Tensor(const std::vector<at::Tensor>&)> fn;
-};
-
 // down(geglu(merged)): saves merged (or, with a rebuild, what rebuilds it), recomputes the GeGLU output in backward.
 // rebuild_saved: the rebuild's tensors (detached: no gradient flows to them).
 struct GegluLinearFn : public torch::autograd::Function<GegluLinearFn> {
@@ -678,7 +674,7 @@ struct GegluLinearFn : public torch::autograd::Function<GegluLinearFn> {
     std::vector<at::Tensor> keep{rebuild ? at::Tensor() : merged, weight, bias};
     keep.insert(keep.end(), rebuild_saved.begin(), rebuild_saved.end());
     ctx->save_for_backward(keep);
-    if (rebuild) ctx->saved_data["rebuild"] = c10::IValue::make_capsule(rebuild);
+    remember_rebuild(ctx, rebuild);
     if (scope_fqn.empty()) return at::linear(act, cast_like(weight, act), bias.defined() ? cast_like(bias, act) : bias);
     profiler::Scope scope(scope_fqn);
     return at::linear(act, cast_like(weight, act), bias.defined() ? cast_like(bias, act) : bias);
@@ -690,12 +686,7 @@ struct GegluLinearFn : public torch::autograd::Function<GegluLinearFn> {
     // Inputs: merged, weight, bias, scope_fqn, rebuild, rebuild_saved...
     variable_list result(5 + (saved.size() - 3));
     if (!grads[0].defined()) return result;
-    at::Tensor merged = saved[0];
-    if (ctx->saved_data.count("rebuild") != 0) {
-      // The merged GEMM again, at the start of this backward (the same GEMM on the same inputs: bit-identical).
-      const auto holder = c10::static_intrusive_pointer_cast<RebuildHolder>(ctx->saved_data["rebuild"].toCapsule());
-      merged = holder->fn(std::vector<at::Tensor>(saved.begin() + 3, saved.end()));
-    }
+    const at::Tensor merged = kept_or_rebuilt(ctx, saved, 3);
     const int64_t out_features = weight.size(0), f = weight.size(1);
     const at::Tensor g = grads[0].reshape({-1, out_features});
     if (bias.defined()) result[2] = g.sum(0).to(bias.scalar_type());
@@ -976,13 +967,28 @@ at::Tensor geglu_linear(const at::Tensor& merged, const at::Tensor& weight, cons
   if (!merged.defined() || merged.size(-1) % 2 != 0) fail(op, "merged must be [..., 2F]", merged);
   if (!weight.defined() || weight.dim() != 2 || weight.size(1) * 2 != merged.size(-1))
     fail(op, "weight must be [out, " + std::to_string(merged.size(-1) / 2) + "]", weight);
-  if (rebuild == nullptr)
-    return GegluLinearFn::apply(merged, weight, optional(bias), scope_fqn, c10::intrusive_ptr<RebuildHolder>(),
-                                at::TensorList());
+  return GegluLinearFn::apply(merged, weight, optional(bias), scope_fqn, rebuild_holder(rebuild, op),
+                              rebuild ? at::TensorList(rebuild->saved) : at::TensorList());
+}
+
+c10::intrusive_ptr<RebuildHolder> rebuild_holder(const MergedRebuild* rebuild, const std::string& op) {
+  if (rebuild == nullptr) return {};
   if (!rebuild->fn) throw std::invalid_argument(op + ": the rebuild has no function");
   auto holder = c10::make_intrusive<RebuildHolder>();
   holder->fn = rebuild->fn;
-  return GegluLinearFn::apply(merged, weight, optional(bias), scope_fqn, holder, at::TensorList(rebuild->saved));
+  return holder;
+}
+
+void remember_rebuild(torch::autograd::AutogradContext* ctx, const c10::intrusive_ptr<RebuildHolder>& holder) {
+  if (holder) ctx->saved_data["rebuild"] = c10::IValue::make_capsule(holder);
+}
+
+at::Tensor kept_or_rebuilt(torch::autograd::AutogradContext* ctx, const std::vector<at::Tensor>& saved,
+                           size_t rebuild_first) {
+  if (ctx->saved_data.count("rebuild") == 0) return saved[0];
+  // The merged GEMM again, at the start of this backward.
+  const auto holder = c10::static_intrusive_pointer_cast<RebuildHolder>(ctx->saved_data["rebuild"].toCapsule());
+  return holder->fn(std::vector<at::Tensor>(saved.begin() + static_cast<std::ptrdiff_t>(rebuild_first), saved.end()));
 }
 
 MergedRebuild merged_linear_rebuild(const at::Tensor& x, const std::vector<at::Tensor>& weights) {

@@ -8,6 +8,7 @@
 
 #include "kernels/fp8_ops.h"
 #include "kernels/fused_ops.h"
+#include "kernels/merged_rebuild_node.h"
 #include "profiler/scope.h"
 
 namespace vlatune::model {
@@ -259,18 +260,13 @@ CastOutput geglu_backward_cast(const at::Tensor& grad_act2, const at::Tensor& me
   return act;
 }
 
-// The rebuild function of a kernels::MergedRebuild, in a capsule (saved_data holds IValues only).
-struct RebuildHolder : torch::CustomClassHolder {
-  std::function<at::Tensor(const std::vector<at::Tensor>&)> fn;
-};
-
 // down(geglu(merged)) with the down GEMM in FP8; saves merged (as kernels::geglu_linear; with a rebuild, what
 // rebuilds it instead) and the scale of the GeGLU output, which the backward recomputes and re-quantizes
 // (transposed) with that same scale.
 struct Float8GegluLinearFn : public torch::autograd::Function<Float8GegluLinearFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& merged, const at::Tensor& weight, int64_t state_ptr,
                             int64_t producer_ptr, const std::string& scope_fqn,
-                            const c10::intrusive_ptr<RebuildHolder>& rebuild, at::TensorList rebuild_saved) {
+                            const c10::intrusive_ptr<kernels::RebuildHolder>& rebuild, at::TensorList rebuild_saved) {
     Float8State& st = *reinterpret_cast<Float8State*>(state_ptr);
     const int64_t f = merged.size(-1) / 2, m = merged.numel() / (2 * f), mp = padded(m);
     const Fp8Tensor aq = quantize_geglu_output(merged.reshape({m, 2 * f}), mp, st);
@@ -283,7 +279,7 @@ struct Float8GegluLinearFn : public torch::autograd::Function<Float8GegluLinearF
       std::vector<at::Tensor> keep{rebuild ? at::Tensor() : merged, weight, wq.amax, aq.amax_used};
       keep.insert(keep.end(), rebuild_saved.begin(), rebuild_saved.end());
       ctx->save_for_backward(keep);
-      if (rebuild) ctx->saved_data["rebuild"] = c10::IValue::make_capsule(rebuild);
+      kernels::remember_rebuild(ctx, rebuild);
     }
     if (mp != m) y = y.narrow(0, 0, m);
     std::vector<int64_t> shape = merged.sizes().vec();
@@ -302,12 +298,7 @@ struct Float8GegluLinearFn : public torch::autograd::Function<Float8GegluLinearF
     // Inputs: merged, weight, state_ptr, producer_ptr, scope_fqn, rebuild, rebuild_saved...
     variable_list result(6 + (saved.size() - 4));
     if (!grads[0].defined()) return result;
-    at::Tensor merged = saved[0];
-    if (ctx->saved_data.count("rebuild") != 0) {
-      // The merged GEMM again, at the start of this backward (the same GEMM on the same inputs: bit-identical).
-      const auto holder = c10::static_intrusive_pointer_cast<RebuildHolder>(ctx->saved_data["rebuild"].toCapsule());
-      merged = holder->fn(std::vector<at::Tensor>(saved.begin() + 4, saved.end()));
-    }
+    const at::Tensor merged = kernels::kept_or_rebuilt(ctx, saved, 4);
     const int64_t n = weight.size(0), f = weight.size(1), m = grads[0].numel() / n, mp = padded(m);
     const Fp8Tensor gq =
         quantize_role(pad_rows(grads[0].reshape({m, n}), mp), Fp8Format::kE5m2, st.grad_output, st.config, true, true);
@@ -402,14 +393,9 @@ torch::Tensor float8_geglu_linear(const torch::Tensor& merged, const torch::Tens
   check_weight(weight, merged.size(-1) / 2);
   const auto state_ptr = reinterpret_cast<int64_t>(&state);
   const auto producer_ptr = reinterpret_cast<int64_t>(producer);
-  if (rebuild == nullptr)
-    return Float8GegluLinearFn::apply(merged, weight, state_ptr, producer_ptr, scope_fqn,
-                                      c10::intrusive_ptr<RebuildHolder>(), at::TensorList());
-  if (!rebuild->fn) throw std::invalid_argument("float8_geglu_linear: the rebuild has no function");
-  auto holder = c10::make_intrusive<RebuildHolder>();
-  holder->fn = rebuild->fn;
-  return Float8GegluLinearFn::apply(merged, weight, state_ptr, producer_ptr, scope_fqn, holder,
-                                    at::TensorList(rebuild->saved));
+  return Float8GegluLinearFn::apply(merged, weight, state_ptr, producer_ptr, scope_fqn,
+                                    kernels::rebuild_holder(rebuild, "float8_geglu_linear"),
+                                    rebuild ? at::TensorList(rebuild->saved) : at::TensorList());
 }
 
 }  // namespace vlatune::model
