@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "model/pi05.h"
+#include "model_step_test_util.h"
 #include "profiler/scope.h"
 #include "scope_sink_test_util.h"
 
@@ -14,23 +15,7 @@ using namespace vlatune::model;
 
 namespace {
 
-struct Result {
-  torch::Tensor loss, velocity;
-  std::map<std::string, torch::Tensor> grads;
-};
-
-Result run(Pi05Impl& model, const Pi05Batch& b, const ForwardOptions& options) {
-  model.zero_grad(/*set_to_none=*/true);
-  auto out = model.forward(b, options);
-  out.loss.backward();
-  model.fill_missing_grads();
-  Result r{out.loss.detach(), out.velocity.detach(), {}};
-  for (const auto& item : model.named_parameters()) {
-    REQUIRE(item.value().grad().defined());
-    r.grads[item.key()] = item.value().grad().clone();
-  }
-  return r;
-}
+using Result = vlatune::test::ModelStep;
 
 // A key bias only adds q.b to every logit of a query row, and softmax ignores a per-row constant: its exact
 // gradient is zero, so both runs hold rounding noise (~1e-17 in fp64) that no relative bound can compare.
@@ -98,32 +83,32 @@ constexpr double kExactTol = 1e-11;
 TEST_CASE("Pruning camera slots masked for the whole batch is exact", "[model]") {
   auto& model = tiny_fp64_model();
   auto b = exactness_batch(1);
-  auto ref = run(model, b, unshortened());
+  auto ref = vlatune::test::model_step(model, b, unshortened());
   auto options = unshortened();
   options.prune_slots = true;
-  check_same(run(model, b, options), ref, kExactTol);
+  check_same(vlatune::test::model_step(model, b, options), ref, kExactTol);
 }
 
 TEST_CASE("Trimming the text to the longest prompt, rounded up, is exact", "[model]") {
   auto& model = tiny_fp64_model();
   auto b = exactness_batch(2);
-  auto ref = run(model, b, unshortened());
+  auto ref = vlatune::test::model_step(model, b, unshortened());
   for (int64_t multiple : {16, 1, 64}) {
     INFO("trim_multiple " << multiple);
     auto options = unshortened();
     options.trim_text = true;
     options.trim_multiple = multiple;
-    check_same(run(model, b, options), ref, kExactTol);
+    check_same(vlatune::test::model_step(model, b, options), ref, kExactTol);
   }
 }
 
 TEST_CASE("Skipping the last layer's dead prefix work is exact after filling missing grads", "[model]") {
   auto& model = tiny_fp64_model();
   auto b = exactness_batch(3);
-  auto ref = run(model, b, unshortened());
+  auto ref = vlatune::test::model_step(model, b, unshortened());
   auto options = unshortened();
   options.skip_dead = true;
-  auto got = run(model, b, options);
+  auto got = vlatune::test::model_step(model, b, options);
   check_same(got, ref, kExactTol);
   // The dead parameters really are dead: zero gradient in both runs.
   for (const std::string name :
@@ -146,10 +131,10 @@ TEST_CASE("All shortcuts together, with either attention path, are exact", "[mod
   for (auto mode : {Attention::kLean, Attention::kMaterialized}) {
     auto base = unshortened();
     base.attention = mode;
-    auto ref = run(model, b, base);
+    auto ref = vlatune::test::model_step(model, b, base);
     ForwardOptions all;
     all.attention = mode;
-    check_same(run(model, b, all), ref, kExactTol);
+    check_same(vlatune::test::model_step(model, b, all), ref, kExactTol);
   }
 }
 
@@ -171,11 +156,11 @@ TEST_CASE("Recomputing any recomputable module gives identical loss and gradient
     ForwardOptions options;
     options.skip_dead = skip_dead;
     model.set_recompute({});
-    auto ref = run(model, b, options);
+    auto ref = vlatune::test::model_step(model, b, options);
     for (const auto& selection : selections) {
       INFO("skip_dead " << skip_dead << ", first of selection: " << selection.front());
       model.set_recompute(selection);
-      check_same(run(model, b, options), ref, 1e-12);
+      check_same(vlatune::test::model_step(model, b, options), ref, 1e-12);
     }
   }
   model.set_recompute({});

@@ -16,6 +16,7 @@
 #include "formats/json_error.h"
 #include "formats/recipe.h"
 #include "model/pi05.h"
+#include "model_step_test_util.h"
 #include "profiler/scope.h"
 #include "profiler/session.h"
 #include "scope_sink_test_util.h"
@@ -36,20 +37,8 @@ std::string gate_up(int i) {
   return kLm + std::to_string(i) + ".mlp.gate_proj+up_proj";
 }
 
-struct Step {
-  torch::Tensor loss;
-  std::map<std::string, torch::Tensor> grads;
-};
-
-Step step(Pi05Impl& net, const Pi05Batch& batch, const ForwardOptions& options) {
-  net.zero_grad(/*set_to_none=*/true);
-  auto out = net.forward(batch, options);
-  out.loss.backward();
-  net.fill_missing_grads();
-  Step s{out.loss.detach().cpu(), {}};
-  for (const auto& item : net.named_parameters()) s.grads[item.key()] = item.value().grad().detach().cpu().clone();
-  return s;
-}
+using Step = vlatune::test::ModelStep;
+using vlatune::test::model_step;
 
 // Bit for bit: torch::equal on the loss and on every gradient (NaN-free by construction).
 void check_identical(const Step& got, const Step& ref) {
@@ -121,12 +110,12 @@ TEST_CASE("Recomputing the gate+up output gives bit-identical loss and gradients
   o.kernels = kernels;
   o.skip_dead = skip_dead;
   net->set_recompute({});
-  const Step ref = step(*net, batch, o);
+  const Step ref = model_step(*net, batch, o);
   for (const auto& selection : std::vector<std::vector<std::string>>{
            {gate_up(0)}, {gate_up(0), gate_up(1)}, {gate_up(0), kEx + "0.mlp", kLm + "1.self_attn", kLm + "1.mlp"}}) {
     INFO("selection: " << selection.size() << " units, first " << selection.front());
     net->set_recompute(selection);
-    check_identical(step(*net, batch, o), ref);
+    check_identical(model_step(*net, batch, o), ref);
   }
   net->set_recompute({});
 }
@@ -185,7 +174,7 @@ TEST_CASE("Recomputing the gate+up output under FP8 gives bit-identical loss and
     net->set_recompute(recompute);
     net->set_fp8(decoder_fp8_fqns(leaves), config);
     std::vector<Step> steps;
-    for (int i = 0; i < 3; ++i) steps.push_back(step(*net, batch, o));
+    for (int i = 0; i < 3; ++i) steps.push_back(model_step(*net, batch, o));
     return steps;
   };
   const auto ref = run({});
@@ -224,7 +213,7 @@ void check_fused_geglu_casts(Pi05Impl& net, const Pi05Batch& batch, const Forwar
       net.set_recompute(recompute ? std::vector<std::string>{gate_up(0)} : std::vector<std::string>{});
       net.set_fp8(decoder_fp8_fqns(leaves), config);
       std::vector<Step> out;
-      for (int i = 0; i < steps; ++i) out.push_back(step(net, batch, o));
+      for (int i = 0; i < steps; ++i) out.push_back(model_step(net, batch, o));
       return out;
     };
     const auto ref = run(false);
@@ -336,7 +325,7 @@ TEST_CASE("On the GPU, recomputing the gate+up output gives bit-identical gradie
         fp8 ? decoder_fp8_fqns({"self_attn.q_proj", "mlp.gate_proj", "mlp.down_proj"}) : std::vector<std::string>{},
         config);
     std::vector<Step> steps;
-    for (int i = 0; i < 2; ++i) steps.push_back(step(*net, batch, o));
+    for (int i = 0; i < 2; ++i) steps.push_back(model_step(*net, batch, o));
     return steps;
   };
   const auto ref = run({});
