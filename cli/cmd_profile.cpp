@@ -161,6 +161,8 @@ static int profile(const ProfileOptions& o, std::ostream& caller_log) {
         << (o.dist_buckets == "one" ? ", one all-reduce after backward" : ", all-reduced per group during backward");
   log << std::endl;
   profiler::run_profile(*parts.net, driver, popt, log);
+  // The last step's row-sparse gradients fitted their capacity (set for --batch, the largest profiled batch).
+  if (dist) parts.buckets->check_row_bounds();
   if (dist) dist->barrier("end-of-profile barrier");  // rank 0 times GEMMs alone; the others wait for it
   return kExitOk;
 }

@@ -3,8 +3,10 @@
 # then, each under a timeout so that a hang cannot eat the call:
 #   (a) the distributed GPU test cases ("[gpu][distributed]": 2 ranks vs 1 GPU with grad_accum 2, NCCL);
 #   (b) `vlatune train`, full model, synthetic data, batch 32 per GPU, STEPS steps, no checkpoint written:
-#       1 GPU; 2 GPUs with per-group buckets; 2 GPUs with one bucket after backward; the same two with
-#       NCCL_P2P_DISABLE=1 (NCCL through host memory: the PCIe-like link);
+#       1 GPU; 2 GPUs with per-group buckets (the named units); 2 GPUs with the planned groups of
+#       recipes/pi05_libero_h200_x2.json (`vlatune plan --world-size 2`: the vision tower split per layer); 2 GPUs
+#       with one bucket after backward; the same three with NCCL_P2P_DISABLE=1 (NCCL through host memory: the
+#       PCIe-like link); with --nccl-channels LIST, the planned recipe on NVLink once per NCCL_MAX_NCHANNELS value;
 #   (c) `vlatune launch --nproc 2 -- profile` (short: no A/B, 2 GEMM repetitions) -> profile.json with the
 #       communication section, then `vlatune plan --world-size 2 --explain` on it;
 #   (d) a rank killed with SIGKILL mid-run (tiny model, processes started torchrun-style without launch): the
@@ -23,7 +25,8 @@
 # so, when it would end past BUDGET_S seconds (default 560) after the start.
 #
 # Options: --steps N (default 12), --no-build (reuse build-gpu/ from an earlier call in the same session),
-#          --budget S (default 560), --only LIST (comma-separated subset of: tests,train,profile,kill)
+#          --budget S (default 560), --only LIST (comma-separated subset of: tests,train,profile,kill),
+#          --nccl-channels LIST (comma-separated NCCL_MAX_NCHANNELS values to try on NVLink; none by default)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root" || exit 1
@@ -33,12 +36,15 @@ steps=12
 build=1
 budget=560
 only="tests,train,profile,kill"
+channels=""
+planned="recipes/pi05_libero_h200_x2.json"
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) steps="$2"; shift 2 ;;
     --no-build) build=0; shift ;;
     --budget) budget="$2"; shift 2 ;;
     --only) only="$2"; shift 2 ;;
+    --nccl-channels) channels="$2"; shift 2 ;;
     *) echo "multi-gpu-check: unknown option '$1'" >&2; exit 4 ;;
   esac
 done
@@ -114,9 +120,15 @@ run_train() {
 if wants train; then
   run_train 1gpu 1 --
   run_train 2gpu_nvlink_groups 2 -- --dist-buckets groups
+  run_train 2gpu_nvlink_planned 2 -- --dist-buckets groups --recipe "$planned"
   run_train 2gpu_nvlink_one 2 -- --dist-buckets one
   run_train 2gpu_hostmem_groups 2 NCCL_P2P_DISABLE=1 -- --dist-buckets groups
+  run_train 2gpu_hostmem_planned 2 NCCL_P2P_DISABLE=1 -- --dist-buckets groups --recipe "$planned"
   run_train 2gpu_hostmem_one 2 NCCL_P2P_DISABLE=1 -- --dist-buckets one
+  IFS=',' read -ra channel_list <<<"$channels"
+  for c in ${channel_list[@]+"${channel_list[@]}"}; do
+    run_train "2gpu_nvlink_planned_ch$c" 2 "NCCL_MAX_NCHANNELS=$c" -- --dist-buckets groups --recipe "$planned"
+  done
 fi
 
 # ---- (c) profile with the communication section, then the plan at world size 2 ----
@@ -216,8 +228,12 @@ def startup(label, wall):
 base = run("1gpu")
 base_sps, base_ms = (base or {}).get("samples_per_s_median"), step_ms(base)
 names = {"1gpu": "1 GPU", "2gpu_nvlink_groups": "2 GPU NVLink, per-group buckets",
+         "2gpu_nvlink_planned": "2 GPU NVLink, planned groups",
          "2gpu_nvlink_one": "2 GPU NVLink, one bucket", "2gpu_hostmem_groups": "2 GPU host mem (P2P off), per-group",
+         "2gpu_hostmem_planned": "2 GPU host mem (P2P off), planned groups",
          "2gpu_hostmem_one": "2 GPU host mem (P2P off), one bucket"}
+for label in [l.split()[1] for l in open(os.path.join(out, "results.txt")) if l.startswith("train 2gpu_nvlink_planned_ch")]:
+    names[label] = "2 GPU NVLink, planned, NCCL_MAX_NCHANNELS=" + label.rsplit("_ch", 1)[1]
 rows = [("run", "rc", "samples/s (global)", "scaling", "exposed ms", "% of step", "peak GiB", "step ms", "wall s",
          "start-up s")]
 for kind, label, rc, wall, *rest in results:

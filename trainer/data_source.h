@@ -53,6 +53,9 @@ class DataSource {
   virtual DataPosition position() const = 0;
   // One line for logs: "synthetic (device cuda:0)" or "dataset DIR: N samples, ...".
   virtual std::string describe() const = 0;
+  // Token positions per sample (batches carry [B, text_len] ids): times the micro-batch, the most embedding rows one
+  // forward can look up (GradBuckets' row-sparse bound for embed_tokens).
+  virtual int64_t text_len() const = 0;
 };
 
 // `data` is "synthetic" or a dataset directory. `batch` >= 1. Throws std::invalid_argument for bad options,

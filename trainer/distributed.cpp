@@ -223,7 +223,11 @@ struct ProcessGroup::Impl {
 
   void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) const {
     try {
-      if (!work->wait(timeout)) fail(what, "timed out");
+      // NCCL: without a timeout, wait() makes the current stream wait and returns (given one, torch's WorkNCCL
+      // blocks the host until the collective completes); NCCL's watchdog enforces the timeout. Gloo: the host
+      // waits, up to the timeout.
+      const bool done = backend == "nccl" ? work->wait() : work->wait(timeout);
+      if (!done) fail(what, "timed out");
     } catch (const DistributedError&) {
       throw;
     } catch (const std::exception& e) {
@@ -349,6 +353,9 @@ namespace {
 
 std::unique_ptr<ProcessGroup::Pending> allreduce_op(ProcessGroup::Impl* impl, at::Tensor& tensor,
                                                     c10d::ReduceOp::RedOpType op, const std::string& what);
+std::unique_ptr<ProcessGroup::Pending> allreduce_coalesced_op(ProcessGroup::Impl* impl,
+                                                              std::vector<at::Tensor>& tensors,
+                                                              c10d::ReduceOp::RedOpType op, const std::string& what);
 
 }  // namespace
 
@@ -366,7 +373,37 @@ std::unique_ptr<ProcessGroup::Pending> ProcessGroup::allreduce_average(at::Tenso
   return allreduce_op(impl_.get(), tensor, c10d::ReduceOp::AVG, what);
 }
 
+std::unique_ptr<ProcessGroup::Pending> ProcessGroup::allreduce_coalesced_sum(std::vector<at::Tensor>& tensors,
+                                                                             const std::string& what) {
+  return allreduce_coalesced_op(impl_.get(), tensors, c10d::ReduceOp::SUM, what);
+}
+
+std::unique_ptr<ProcessGroup::Pending> ProcessGroup::allreduce_coalesced_average(std::vector<at::Tensor>& tensors,
+                                                                                 const std::string& what) {
+  if (!supports_average())
+    throw std::logic_error("ProcessGroup::allreduce_coalesced_average: the " + impl_->backend + " backend has no AVG");
+  return allreduce_coalesced_op(impl_.get(), tensors, c10d::ReduceOp::AVG, what);
+}
+
+std::unique_ptr<ProcessGroup::Pending> ProcessGroup::allreduce_max(at::Tensor& tensor, const std::string& what) {
+  return allreduce_op(impl_.get(), tensor, c10d::ReduceOp::MAX, what);
+}
+
 namespace {
+
+std::unique_ptr<ProcessGroup::Pending> allreduce_coalesced_op(ProcessGroup::Impl* impl,
+                                                              std::vector<at::Tensor>& tensors,
+                                                              c10d::ReduceOp::RedOpType op, const std::string& what) {
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    c10d::AllreduceCoalescedOptions options;
+    options.reduceOp = op;
+    work = impl->pg->allreduce_coalesced(tensors, options);
+  } catch (const std::exception& e) {
+    impl->fail(what, e.what());
+  }
+  return std::make_unique<PendingWork>(impl, std::move(work), what);
+}
 
 std::unique_ptr<ProcessGroup::Pending> allreduce_op(ProcessGroup::Impl* impl, at::Tensor& tensor,
                                                     c10d::ReduceOp::RedOpType op, const std::string& what) {

@@ -21,7 +21,8 @@
 // "<comm>". profile.json's `communication` section (formats/profile.h Communication) is filled by `vlatune
 // profile` under `vlatune launch --nproc N` (every rank runs the steps, rank 0 writes), from the traced steps at
 // the requested batch (profiler/comm_stats.h communication_from_trace):
-//   - groups[i].name / bytes: GradBuckets::groups() (name, numel x element size of the reduce dtype).
+//   - groups[i].name / bytes: GradBuckets::groups() (name, the bytes all-reduced per step: dense gradients in the
+//     reduce dtype, row-sparse ones as their row capacity plus the row mask; grad_buckets.h).
 //   - groups[i].allreduce_ms: the median over the traced steps of the NCCL kernel time launched in the group's
 //     scope.
 //   - allreduce_gbps: bus bandwidth = sum(bytes) x 2 (n-1)/n / sum(allreduce_ms), the same ring formula the tuner
@@ -109,7 +110,8 @@ class ProcessGroup {
   std::chrono::milliseconds timeout() const;
 
   // An all-reduce in flight. wait() blocks the host on Gloo; on NCCL it makes the current CUDA stream wait for
-  // the collective (host returns at once). Failures: DistributedError naming `what`.
+  // the collective (host returns at once: no host synchronization, the timeout is NCCL's watchdog's). Failures:
+  // DistributedError naming `what`.
   class Pending {
    public:
     virtual ~Pending() = default;
@@ -121,6 +123,12 @@ class ProcessGroup {
   // there supports_average() is false and callers sum and divide.
   bool supports_average() const;
   std::unique_ptr<Pending> allreduce_average(at::Tensor& tensor, const std::string& what);
+  // The same over several tensors in one coalesced collective (one NCCL group; Gloo flattens them itself), each
+  // reduced in place: no caller-side copy into a bucket. The tensors share dtype and device and are contiguous.
+  std::unique_ptr<Pending> allreduce_coalesced_sum(std::vector<at::Tensor>& tensors, const std::string& what);
+  std::unique_ptr<Pending> allreduce_coalesced_average(std::vector<at::Tensor>& tensors, const std::string& what);
+  // Element-wise maximum over ranks, in place, asynchronously (the union of uint8 row masks).
+  std::unique_ptr<Pending> allreduce_max(at::Tensor& tensor, const std::string& what);
   // Blocking helpers (the host waits, also on NCCL).
   void allreduce_sum_blocking(at::Tensor& tensor, const std::string& what);
   void broadcast(std::vector<at::Tensor>& tensors, int root, const std::string& what);

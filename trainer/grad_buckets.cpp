@@ -71,6 +71,25 @@ std::vector<BucketAssignment> assign_parameters(const std::vector<std::string>& 
 }
 
 struct GradBuckets::State {
+  // A row-sparse parameter (grad_buckets.h "row-sparse").
+  struct RowSparse {
+    size_t param = 0;
+    int64_t max_rows_per_rank = 0;
+    int64_t rows = 0, row_numel = 0;
+    int64_t capacity = 0;  // rows gathered per step: world size x max_rows_per_rank
+    // Per step, on the comm stream: the union of non-zero rows (uint8 per row), its indices padded with 0, those
+    // rows' gradients in the reduce dtype, and their all-reduce.
+    at::Tensor mask, index, values;
+    std::unique_ptr<ProcessGroup::Pending> pending;
+    // The union's row count of the last reduced step, read by check_row_bounds: a CPU tensor (pinned on CUDA,
+    // filled asynchronously; count_ready says when).
+    at::Tensor count;
+    bool unchecked = false;
+#ifdef VLATUNE_HAVE_NCCL
+    std::optional<at::cuda::CUDAEvent> count_ready;
+#endif
+  };
+
   std::shared_ptr<ProcessGroup> pg;
   std::vector<at::Tensor> params;
   std::vector<std::string> names;
@@ -78,9 +97,14 @@ struct GradBuckets::State {
   // Per group: the scope its all-reduce is launched in, "<comm>:name" (profiler/comm_stats.h comm_scope_name), so
   // the profiler keys NCCL time by group; the attribution tables count it as "<comm>".
   std::vector<std::string> scope_names;
-  std::vector<at::Tensor> flat;  // one buffer per group, in the reduce dtype
-  std::vector<int64_t> offset;   // per parameter: its offset in its group's buffer
-  std::vector<size_t> group_of;  // per parameter
+  std::vector<std::vector<size_t>> dense;  // per group: its parameters reduced whole (all but the row-sparse ones)
+  std::vector<at::Tensor> flat;            // per group: the buffer in the reduce dtype (undefined when in place)
+  std::vector<int64_t> offset;             // per parameter: its offset in its group's buffer
+  std::vector<size_t> group_of;            // per parameter
+  std::vector<RowSparse> row_sparse;
+  std::vector<std::vector<size_t>> row_sparse_of;  // per group: indices into row_sparse
+  std::vector<char> is_row_sparse;                 // per parameter
+  at::ScalarType reduce_dtype = at::kBFloat16;
   GradBucketsOptions options;
   bool cuda = false;
 
@@ -97,7 +121,8 @@ struct GradBuckets::State {
   std::optional<size_t> late;  // an unexpected parameter whose gradient came after its group was launched
   size_t next_launch = 0;      // groups [0, next_launch) are launched
   int launched_in_backward = 0, last_launched_in_backward = 0;
-  std::vector<std::unique_ptr<ProcessGroup::Pending>> pending;
+  std::vector<std::unique_ptr<ProcessGroup::Pending>> pending;  // per group: its dense part's all-reduce
+  std::vector<std::vector<at::Tensor>> in_place;                // per group: the gradients reduced in place
 
   // AccumulateGrad nodes are owned by their parameter only through a weak pointer: keep them alive so that the
   // hooks stay attached (DDP's reducer does the same).
@@ -112,44 +137,122 @@ struct GradBuckets::State {
     return "all-reduce of gradient group '" + groups[g].name + "'";
   }
 
-  void pack(size_t g) {
+  // NCCL averages inside the collective (ReduceOp::AVG); Gloo sums and finish() divides.
+  bool average_in_collective() const {
+    return pg->supports_average();
+  }
+
+  // On the launching thread's current stream (CUDA: the compute stream, which then owns every .grad it frees
+  // after the optimizer): a missing gradient becomes zeros, and one NCCL would reduce in place (in-place groups,
+  // row-sparse parameters) becomes contiguous.
+  void prepare_grads(size_t g) {
     for (size_t p : groups[g].params) {
+      at::Tensor& grad = params[p].mutable_grad();
+      if (!grad.defined())
+        grad = at::zeros_like(params[p], at::MemoryFormat::Contiguous);
+      else if ((groups[g].in_place || is_row_sparse[p]) && !grad.is_contiguous())
+        grad = grad.contiguous();
+    }
+  }
+
+  at::Tensor rows_of(const RowSparse& r) const {
+    return params[r.param].grad().view({r.rows, r.row_numel});
+  }
+
+  // The union of the rows that are non-zero on any rank (any() reads the gradient once, no temporary of its size).
+  std::unique_ptr<ProcessGroup::Pending> start_row_mask(RowSparse& r) {
+    r.mask = at::any(rows_of(r), /*dim=*/1).to(at::kByte);
+    return pg->allreduce_max(r.mask, "all-reduce of the non-zero rows of " + names[r.param]);
+  }
+
+  // After the mask's all-reduce (the current stream waited for it): the union's rows, gathered and all-reduced.
+  void start_rows(RowSparse& r) {
+    const at::Tensor union_rows = r.mask.sum();  // int64, stays on the device
+#ifdef VLATUNE_HAVE_NCCL
+    if (cuda) {
+      if (!r.count.defined()) r.count = at::empty({}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+      r.count.copy_(union_rows, /*non_blocking=*/true);
+      if (!r.count_ready) r.count_ready.emplace();
+      r.count_ready->record(c10::cuda::getCurrentCUDAStream(union_rows.device().index()));
+    } else {
+      r.count = union_rows;
+    }
+#else
+    r.count = union_rows;
+#endif
+    r.unchecked = true;
+    // Past the union's size nonzero_static pads with row 0: gathered, reduced and written back with its own value.
+    r.index = at::nonzero_static(r.mask, r.capacity, /*fill_value=*/0).view({r.capacity});
+    at::Tensor values = rows_of(r).index_select(0, r.index);
+    r.values = values.scalar_type() == reduce_dtype ? values : values.to(reduce_dtype);
+    const std::string what = "all-reduce of the non-zero rows' gradients of " + names[r.param];
+    r.pending = average_in_collective() ? pg->allreduce_average(r.values, what) : pg->allreduce_sum(r.values, what);
+  }
+
+  void finish_rows(RowSparse& r) {
+    r.pending->wait();
+    if (!average_in_collective()) r.values.div_(static_cast<double>(pg->size()));
+    at::Tensor grad_rows = rows_of(r);
+    grad_rows.index_copy_(
+        0, r.index,
+        r.values.scalar_type() == grad_rows.scalar_type() ? r.values : r.values.to(grad_rows.scalar_type()));
+  }
+
+  void pack(size_t g) {
+    for (size_t p : dense[g]) {
       const at::Tensor& param = params[p];
-      at::Tensor slice = flat[g].narrow(0, offset[p], param.numel()).view(param.sizes());
-      const at::Tensor& grad = param.grad();
-      if (grad.defined() && grad.data_ptr() == slice.data_ptr())
-        continue;  // already the bucket's view (zero_grad kept it): accumulated in place
-      if (grad.defined())
-        slice.copy_(grad);
-      else
-        slice.zero_();
+      flat[g].narrow(0, offset[p], param.numel()).view(param.sizes()).copy_(param.grad());
     }
   }
 
   void unpack(size_t g) {
-    if (!pg->supports_average()) flat[g].div_(static_cast<double>(pg->size()));  // NCCL averaged already
-    for (size_t p : groups[g].params) {
+    if (!average_in_collective()) flat[g].div_(static_cast<double>(pg->size()));
+    for (size_t p : dense[g]) {
       at::Tensor& param = params[p];
-      at::Tensor slice = flat[g].narrow(0, offset[p], param.numel()).view(param.sizes());
-      if (slice.scalar_type() == param.scalar_type()) {
-        // The gradient becomes a view of the bucket (no copy back). The next pack() of this group runs after this
-        // step's optimizer (stream order), and zero_grad() drops the view before the next backward.
-        param.mutable_grad() = slice;
-      } else if (param.grad().defined()) {
-        param.mutable_grad().copy_(slice);
-      } else {
-        param.mutable_grad() = slice.to(param.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
-      }
+      param.mutable_grad().copy_(flat[g].narrow(0, offset[p], param.numel()).view(param.sizes()));
     }
   }
 
-  std::unique_ptr<ProcessGroup::Pending> reduce(size_t g) {
-    return pg->supports_average() ? pg->allreduce_average(flat[g], what(g)) : pg->allreduce_sum(flat[g], what(g));
+  void start_dense(size_t g) {
+    if (dense[g].empty()) return;
+    if (!groups[g].in_place) {
+      pack(g);
+      pending[g] =
+          average_in_collective() ? pg->allreduce_average(flat[g], what(g)) : pg->allreduce_sum(flat[g], what(g));
+      return;
+    }
+    in_place[g].clear();
+    for (size_t p : dense[g]) in_place[g].push_back(params[p].grad());
+    pending[g] = average_in_collective() ? pg->allreduce_coalesced_average(in_place[g], what(g))
+                                         : pg->allreduce_coalesced_sum(in_place[g], what(g));
+  }
+
+  void finish_dense(size_t g) {
+    if (!pending[g]) return;
+    pending[g]->wait();  // NCCL: the current stream waits for NCCL's
+    if (!groups[g].in_place) {
+      unpack(g);
+    } else if (!average_in_collective()) {
+      for (at::Tensor& grad : in_place[g]) grad.div_(static_cast<double>(pg->size()));
+    }
+  }
+
+  // On the comm stream (CUDA). The row masks go first (small), then the dense part, then the rows once the masks'
+  // union is known: the comm stream gathers the rows while NCCL reduces the dense part.
+  void start_reductions(size_t g) {
+    std::vector<std::unique_ptr<ProcessGroup::Pending>> masks;
+    for (size_t r : row_sparse_of[g]) masks.push_back(start_row_mask(row_sparse[r]));
+    start_dense(g);
+    for (size_t i = 0; i < masks.size(); ++i) {
+      masks[i]->wait();  // NCCL: the comm stream waits (no host synchronization); Gloo: the host waits
+      start_rows(row_sparse[row_sparse_of[g][i]]);
+    }
   }
 
   // Caller holds `mutex`.
   void launch(size_t g, bool in_backward) {
     profiler::Scope scope(scope_names[g], in_backward ? profiler::Phase::kBackward : profiler::Phase::kOther);
+    prepare_grads(g);
 #ifdef VLATUNE_HAVE_NCCL
     if (cuda) {
       // The hook runs on the autograd device thread, whose current stream is the one backward computes on.
@@ -158,15 +261,32 @@ struct GradBuckets::State {
       grads_ready.record(c10::cuda::getCurrentCUDAStream(index));
       grads_ready.block(*comm_stream);
       c10::cuda::CUDAStreamGuard on_comm(*comm_stream);
-      pack(g);
-      pending[g] = reduce(g);
+      start_reductions(g);
       if (in_backward) ++launched_in_backward;
       return;
     }
 #endif
-    pack(g);
-    pending[g] = reduce(g);
+    start_reductions(g);
     if (in_backward) ++launched_in_backward;
+  }
+
+  // Caller holds `mutex`. Each recorded count is read before the next step records another.
+  void check_row_bounds() {
+    for (RowSparse& r : row_sparse) {
+      if (!r.unchecked) continue;
+      r.unchecked = false;
+#ifdef VLATUNE_HAVE_NCCL
+      if (r.count_ready) r.count_ready->synchronize();  // recorded a step ago: long complete
+#endif
+      const int64_t union_rows = r.count.item<int64_t>();
+      if (union_rows > r.capacity)
+        throw DistributedError("distributed: the row-sparse gradient of " + names[r.param] + " had " +
+                               std::to_string(union_rows) + " non-zero rows over the ranks, more than its capacity " +
+                               std::to_string(r.capacity) + " (" + std::to_string(pg->size()) + " ranks x " +
+                               std::to_string(r.max_rows_per_rank) +
+                               " rows per rank): rows were dropped from its all-reduce, so the ranks' gradients "
+                               "differ; the rows-per-rank bound given to the gradient buckets is too small");
+    }
   }
 
   // After the first armed step: which parameters got a gradient on any rank (one extra all-reduce, once).
@@ -246,6 +366,25 @@ GradBuckets::GradBuckets(std::shared_ptr<ProcessGroup> pg,
   s.cuda = s.params.front().is_cuda();
   s.offset.assign(s.params.size(), 0);
   s.group_of.assign(s.params.size(), 0);
+  s.reduce_dtype = options.reduce_fp32 ? at::kFloat : at::kBFloat16;
+  const int64_t element_bytes = static_cast<int64_t>(c10::elementSize(s.reduce_dtype));
+
+  // Row-sparse parameters, unless their capacity is half their rows or more (then dense is no more traffic).
+  std::vector<int64_t> max_rows(s.params.size(), 0);
+  if (options.overlap) {
+    for (const RowSparseParam& r : options.row_sparse) {
+      if (r.param >= s.params.size() || max_rows[r.param] != 0)
+        throw std::invalid_argument("gradient buckets: row-sparse parameter index " + std::to_string(r.param) +
+                                    " given twice or out of range");
+      const at::Tensor& param = s.params[r.param];
+      if (r.max_rows_per_rank < 1 || param.dim() < 1 || param.numel() == 0 || !param.requires_grad())
+        throw std::invalid_argument("gradient buckets: row-sparse parameter " + s.names[r.param] +
+                                    " needs rows (dim 0), a gradient and max rows per rank >= 1, got " +
+                                    std::to_string(r.max_rows_per_rank));
+      max_rows[r.param] = r.max_rows_per_rank;
+    }
+  }
+  s.is_row_sparse.assign(s.params.size(), 0);
 
   std::vector<BucketAssignment> layout = groups;
   if (!options.overlap) {  // one bucket: every parameter, in list order
@@ -254,24 +393,53 @@ GradBuckets::GradBuckets(std::shared_ptr<ProcessGroup> pg,
     layout = {all};
   }
   std::vector<char> assigned(s.params.size(), 0);
-  const at::ScalarType dtype = options.reduce_fp32 ? at::kFloat : at::kBFloat16;
   for (const BucketAssignment& b : layout) {
     Group group;
     group.name = b.name;
+    std::vector<size_t> dense;
+    std::vector<size_t> sparse;
+    int64_t dense_numel = 0;
     for (size_t p : b.params) {
       if (p >= s.params.size() || assigned[p])
         throw std::invalid_argument("gradient buckets: parameter index " + std::to_string(p) +
                                     " assigned twice or out of range");
       assigned[p] = 1;
-      if (!s.params[p].requires_grad()) continue;
-      s.offset[p] = group.numel;
+      const at::Tensor& param = s.params[p];
+      if (!param.requires_grad()) continue;
       s.group_of[p] = s.groups.size();
-      group.numel += s.params[p].numel();
+      group.numel += param.numel();
       group.params.push_back(p);
+      const int64_t rows = param.dim() >= 1 ? param.size(0) : 0;
+      const int64_t capacity = max_rows[p] * s.pg->size();
+      if (max_rows[p] > 0 && 2 * capacity < rows) {
+        State::RowSparse r;
+        r.param = p;
+        r.max_rows_per_rank = max_rows[p];
+        r.rows = rows;
+        r.row_numel = param.numel() / rows;
+        r.capacity = capacity;
+        sparse.push_back(s.row_sparse.size());
+        s.row_sparse.push_back(std::move(r));
+        s.is_row_sparse[p] = 1;
+        group.row_sparse.push_back(p);
+        group.bytes += capacity * (param.numel() / rows) * element_bytes + rows;  // the rows, and the uint8 mask
+      } else {
+        s.offset[p] = dense_numel;
+        dense_numel += param.numel();
+        dense.push_back(p);
+      }
     }
     if (group.params.empty()) continue;
-    group.bytes = group.numel * static_cast<int64_t>(c10::elementSize(dtype));
-    s.flat.push_back(at::zeros({group.numel}, s.params[group.params.front()].options().dtype(dtype)));
+    group.dense_bytes = group.numel * element_bytes;
+    group.bytes += dense_numel * element_bytes;
+    // In place when every dense gradient already has the reduce dtype (a gradient has its parameter's dtype).
+    group.in_place =
+        std::all_of(dense.begin(), dense.end(), [&](size_t p) { return s.params[p].scalar_type() == s.reduce_dtype; });
+    s.flat.push_back(group.in_place || dense.empty()
+                         ? at::Tensor()
+                         : at::zeros({dense_numel}, s.params[dense.front()].options().dtype(s.reduce_dtype)));
+    s.dense.push_back(std::move(dense));
+    s.row_sparse_of.push_back(std::move(sparse));
     s.scope_names.push_back(kCommScopeName + ":" + group.name);
     s.groups.push_back(std::move(group));
   }
@@ -283,6 +451,7 @@ GradBuckets::GradBuckets(std::shared_ptr<ProcessGroup> pg,
   s.expected.assign(s.params.size(), 1);
   for (const Group& group : s.groups) s.expected_count.push_back(group.params.size());
   s.pending.resize(s.groups.size());
+  s.in_place.resize(s.groups.size());
 
 #ifdef VLATUNE_HAVE_NCCL
   if (s.cuda) s.comm_stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, s.params.front().device().index());
@@ -308,7 +477,13 @@ GradBuckets::~GradBuckets() {
 
 void GradBuckets::arm_last_backward() {
   std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->check_row_bounds();  // before this step's reductions record new counts
   state_->armed = state_->options.overlap;
+}
+
+void GradBuckets::check_row_bounds() {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->check_row_bounds();
 }
 
 void GradBuckets::finish() {
@@ -322,24 +497,33 @@ void GradBuckets::finish() {
       std::fill(s.seen.begin(), s.seen.end(), 0);
       std::fill(s.ready.begin(), s.ready.end(), 0);
       for (auto& p : s.pending) p.reset();
+      for (auto& grads : s.in_place) grads.clear();
+      for (auto& r : s.row_sparse) {
+        r.pending.reset();
+        r.mask = r.index = r.values = at::Tensor();
+      }
       s.next_launch = 0;
       s.late.reset();
       s.last_launched_in_backward = s.launched_in_backward;
       s.launched_in_backward = 0;
     }
   } reset{s};
+  if (s.next_launch == 0) s.check_row_bounds();  // no group of this step launched yet (not armed)
   for (; s.next_launch < s.groups.size(); ++s.next_launch) s.launch(s.next_launch, /*in_backward=*/false);
 
   profiler::Scope scope(kCommScopeName, profiler::Phase::kOther);
+  auto complete = [&] {
+    for (size_t g = 0; g < s.groups.size(); ++g) {
+      s.finish_dense(g);
+      for (size_t r : s.row_sparse_of[g]) s.finish_rows(s.row_sparse[r]);
+    }
+  };
 #ifdef VLATUNE_HAVE_NCCL
   if (s.cuda) {
     const c10::DeviceIndex index = s.params.front().device().index();
     {
       c10::cuda::CUDAStreamGuard on_comm(*s.comm_stream);
-      for (size_t g = 0; g < s.groups.size(); ++g) {
-        s.pending[g]->wait();  // the comm stream waits for NCCL's
-        s.unpack(g);
-      }
+      complete();  // the comm stream waits for NCCL's, then divides, unpacks and writes rows back
     }
     at::cuda::CUDAEvent reduced;
     reduced.record(*s.comm_stream);
@@ -348,10 +532,7 @@ void GradBuckets::finish() {
     return;
   }
 #endif
-  for (size_t g = 0; g < s.groups.size(); ++g) {
-    s.pending[g]->wait();
-    s.unpack(g);
-  }
+  complete();
   s.after_step();
 }
 

@@ -225,6 +225,10 @@ DataPosition DatasetLoader::position() const {
   return {seed_, consume_step_, fingerprint_};
 }
 
+int64_t DatasetLoader::text_len() const {
+  return dataset_->layout().text_len;
+}
+
 std::string DatasetLoader::describe() const {
   const auto& l = dataset_->layout();
   return "dataset " + dataset_->dir() + ": " + std::to_string(dataset_->size()) + " samples, " +

@@ -45,6 +45,7 @@ class DatasetLoader : public DataSource {
   model::Pi05Batch next(int64_t step, double* wait_ms) override;
   DataPosition position() const override;
   std::string describe() const override;
+  int64_t text_len() const override;
 
   // The dataset index of sample `i` of step `step` (the order contract above; exposed for tests and tools).
   int64_t sample_index(int64_t step, int64_t i) const;

@@ -139,6 +139,10 @@ DataPosition SyntheticSource::position() const {
   return {seed_, next_step_, "synthetic"};
 }
 
+int64_t SyntheticSource::text_len() const {
+  return options_.synthetic_text_len;
+}
+
 std::string SyntheticSource::describe() const {
   return "synthetic (generated on " + device_.str() + ", " + std::to_string(options_.synthetic_cameras) +
          " cameras, prompts " + std::to_string(options_.synthetic_min_prompt) + ":" +

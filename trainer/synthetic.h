@@ -46,6 +46,7 @@ class SyntheticSource : public DataSource {
   model::Pi05Batch next(int64_t step, double* wait_ms) override;
   DataPosition position() const override;
   std::string describe() const override;
+  int64_t text_len() const override;
 
  private:
   model::Pi05Config cfg_;

@@ -293,12 +293,13 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& call
       << "\n";
   if (dist) {
     const auto& groups = parts.buckets->groups();
-    int64_t bytes = 0;
-    for (const auto& g : groups) bytes += g.bytes;
+    int64_t bytes = 0, dense_bytes = 0;
+    for (const auto& g : groups) bytes += g.bytes, dense_bytes += g.dense_bytes;
     log << "data-parallel: " << world_size << " processes (" << dist->env().launcher << ", " << dist->backend_name()
         << "), gradients in " << groups.size() << " bucket(s) of "
         << (opt.reduce_dtype.value_or(applied.reduce_dtype) == "fp32" ? "fp32" : "bf16") << " (" << std::fixed
-        << std::setprecision(1) << bytes / 1048576.0 << std::defaultfloat << " MiB), "
+        << std::setprecision(1) << bytes / 1048576.0 << " MiB all-reduced of " << dense_bytes / 1048576.0
+        << std::defaultfloat << " MiB), "
         << (opt.dist_buckets == "one" ? "one all-reduce after backward" : "all-reduced per group during backward")
         << "\n";
   }
@@ -432,6 +433,7 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& call
   summary.world_size = world_size;
   summary.peak_gib = peak_gib;
   if (dist) {
+    parts.buckets->check_row_bounds();  // the last step's row-sparse gradients fitted their capacity
     // Every rank applied the same averaged gradients to the same weights: check that they still agree (a sum and
     // an absolute sum of all parameters per rank, gathered in one all-reduce), once, at the end.
     torch::NoGradGuard no_grad;

@@ -33,6 +33,11 @@ void setup_data_parallel(TrainingParts& parts, const TrainOptions& opt) {
   if (opt.dist_buckets != "groups" && opt.dist_buckets != "one")
     throw TrainInputError("--dist-buckets: expected groups or one, got '" + opt.dist_buckets + "'");
   options.overlap = opt.dist_buckets == "groups";
+  // The token embedding's gradient comes from its lookup alone (the LM head is unused): non-zero in at most
+  // grad_accum x micro-batch x text length rows per rank.
+  for (size_t p = 0; p < names.size(); ++p)
+    if (names[p] == "paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight")
+      options.row_sparse.push_back({p, parts.grad_accum * parts.batch * parts.source->text_len()});
   try {
     parts.buckets =
         std::make_unique<GradBuckets>(parts.dist, parts.named_params, assign_parameters(names, groups), options);

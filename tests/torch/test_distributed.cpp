@@ -4,6 +4,8 @@
 //   - the default groups cover the tiny model in backward order;
 //   - bucketed all-reduce: each rank's gradients equal the mean of the two ranks' single-process gradients
 //     (workers are this test binary re-executed with the hidden tag [.dist-worker]);
+//   - the copy-free path (gradients all-reduced in place) and the row-sparse path (embedding rows) give exactly
+//     the dense mean, and a row bound that is too small is reported with the parameter's name;
 //   - a dead rank: the survivor fails with a DistributedError naming the operation (no hang);
 //   - `vlatune launch --nproc 2 -- train`: the same weights as one process with grad_accum 2, parameters identical
 //     on both ranks, resume on another world size, and a failing rank named by launch.
@@ -194,6 +196,82 @@ void require_close(const std::map<std::string, torch::Tensor>& a, const std::map
   CHECK(worst <= atol);
 }
 
+// Hand-made parameters whose gradients are known per rank and step, for the copy-free and row-sparse cases: a
+// plain matrix `a`; `b`, used on rank 0 only (rank 1 has no gradient for it); `q` and `k`, row views of one packed
+// buffer as model::pack_rows makes them, read through one cat (autograd hands them views of one gradient); an
+// embedding `emb` [64, 4] looked up at per-rank ids; `w`, dense, next to it.
+struct HandModel {
+  torch::TensorOptions options;
+  torch::Tensor a, b, q, k, emb, w;
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  explicit HandModel(torch::Device device = torch::kCPU, torch::Dtype dtype = torch::kFloat32)
+      : options(torch::TensorOptions().device(device).dtype(dtype)) {
+    const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+    auto make = [&](const torch::Tensor& values) { return values.to(options).requires_grad_(); };
+    a = make(torch::arange(12, f32).reshape({4, 3}) / 7);
+    b = make(torch::arange(5, f32) / 3 - 1);
+    {
+      torch::NoGradGuard no_grad;
+      const torch::Tensor packed = (torch::arange(18, f32).reshape({6, 3}) / 11).to(options);
+      q = torch::empty({2, 3}, options).requires_grad_();
+      k = torch::empty({4, 3}, options).requires_grad_();
+      q.set_data(packed.narrow(0, 0, 2));
+      k.set_data(packed.narrow(0, 2, 4));
+    }
+    emb = make(torch::arange(256, f32).reshape({64, 4}) / 13);
+    w = make(torch::tensor({0.5f, -1.5f, 2.25f}));
+    named = {{"a", a}, {"b", b}, {"q", q}, {"k", k}, {"embed.weight", emb}, {"w", w}};
+  }
+  // Inputs that differ per rank and step, with values whose sums are not exact in fp32 or bf16.
+  torch::Tensor input(int rank, int64_t step, std::vector<int64_t> sizes) const {
+    int64_t n = 1;
+    for (int64_t d : sizes) n *= d;
+    return (torch::arange(n, torch::kFloat32).reshape(sizes) * 0.37 + 0.11 * static_cast<double>(rank + 1) +
+            0.013 * static_cast<double>(step))
+        .sin()
+        .to(options);
+  }
+  torch::Tensor loss_dense(int rank, int64_t step) const {
+    torch::Tensor loss = (a * input(rank, step, {4, 3})).sum() + (torch::cat({q, k}) * input(rank, step, {6, 3})).sum();
+    return rank == 0 ? loss + (b * input(rank, step, {5})).sum() : loss;
+  }
+  static std::vector<int64_t> ids(int rank, int64_t step) {
+    static const std::vector<std::vector<int64_t>> table = {
+        {1, 5, 9, 5}, {5, 20, 33},   // different and overlapping rows; row 0 untouched (the padding row)
+        {0, 2, 63},   {0, 2, 7, 7},  // row 0 touched on both ranks
+        {10, 11},     {11, 12, 13, 14}, {3}, {60}, {1, 2, 3}, {4, 5}};  // 5 rows: more than a capacity of 2 x 1
+    return table[static_cast<size_t>(step * 2 + rank)];
+  }
+  torch::Tensor loss_rows(int rank, int64_t step) const {
+    const std::vector<int64_t> row_ids = ids(rank, step);
+    const auto n = static_cast<int64_t>(row_ids.size());
+    const torch::Tensor looked_up = torch::embedding(emb, torch::tensor(row_ids).to(options.device()));
+    return (looked_up * input(rank, step, {n, 4})).sum() + (w * input(rank, step, {3})).sum();
+  }
+  void backward_dense(int rank, int64_t step) { loss_dense(rank, step).backward(); }
+  void backward_rows(int rank, int64_t step) { loss_rows(rank, step).backward(); }
+  void backward_all(int rank, int64_t step) { (loss_dense(rank, step) + loss_rows(rank, step)).backward(); }
+  // The parameters' gradients on the CPU (zeros where there is none), then cleared.
+  std::vector<torch::Tensor> take_grads() {
+    std::vector<torch::Tensor> out;
+    for (auto& [name, p] : named) {
+      out.push_back(p.grad().defined() ? p.grad().detach().cpu().clone() : torch::zeros_like(p).cpu());
+      p.mutable_grad().reset();
+    }
+    return out;
+  }
+};
+
+// Bitwise equality of saved gradient lists, naming the first difference.
+void require_equal_lists(const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& expected,
+                         const std::string& label) {
+  REQUIRE(got.size() == expected.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO(label << ", tensor " << i << ": got " << got[i] << "\nexpected " << expected[i]);
+    CHECK(torch::equal(got[i], expected[i]));
+  }
+}
+
 const char* kTrainArgs =
     "--config tiny --device cpu --data synthetic --batch 2 --lr 1e-4 --warmup-steps 1 --decay-steps 100 "
     "--workers 1 --no-progress --seed 5 --checkpoint-every 0 --timing-warmup 0";
@@ -337,9 +415,8 @@ TEST_CASE("vlatune launch --nproc 2 -- train on two GPUs (NCCL) matches one GPU 
   }
 }
 
-#ifdef VLATUNE_HAVE_GLOO
-
-// The worker behind the two-process cases: this binary, run by run_workers with torchrun's variables.
+// The worker behind the two-process cases: this binary, run by run_workers with torchrun's variables. Modes
+// "gpu..." run on cuda:LOCAL_RANK with NCCL, the others on the CPU with Gloo.
 TEST_CASE("distributed worker (run by the two-process cases)", "[.dist-worker]") {
   const char* mode_env = std::getenv("VLATUNE_DIST_TEST_MODE");
   const char* out_env = std::getenv("VLATUNE_DIST_TEST_OUT");
@@ -348,7 +425,12 @@ TEST_CASE("distributed worker (run by the two-process cases)", "[.dist-worker]")
   const std::string mode = mode_env, out = out_env;
   auto env = vlatune::trainer::dist_env_from_process();
   REQUIRE(env.has_value());
-  auto pg = vlatune::trainer::ProcessGroup::create(*env, torch::kCPU, std::chrono::seconds(60));
+  torch::Device device = torch::kCPU;
+  if (mode.rfind("gpu", 0) == 0) {
+    vlatune::trainer::set_nccl_environment();
+    device = vlatune::trainer::bind_process_device(torch::Device(torch::kCUDA), *env);
+  }
+  auto pg = vlatune::trainer::ProcessGroup::create(*env, device, std::chrono::seconds(60));
   const int rank = pg->rank();
 
   if (mode == "die") {
@@ -361,6 +443,189 @@ TEST_CASE("distributed worker (run by the two-process cases)", "[.dist-worker]")
     } catch (const vlatune::trainer::DistributedError& e) {
       std::ofstream(out + "/error.txt") << e.what();
     }
+    return;
+  }
+
+  using vlatune::trainer::BucketAssignment;
+  using vlatune::trainer::GradBuckets;
+  using vlatune::trainer::GradBucketsOptions;
+  auto save_info = [&](const std::string& name, const std::string& text) {
+    std::ofstream(out + "/" + name + std::to_string(rank) + ".txt") << text;
+  };
+
+  if (mode == "in-place") {
+    // Parameters a, b in one group and the packed views q, k in another (indices into HandModel::named); the
+    // embedding and w get no gradient here.
+    HandModel hand;
+    const std::vector<BucketAssignment> assignment = {{"packed", {2, 3}}, {"plain", {0, 1}}, {"unused", {4, 5}}};
+    std::vector<torch::Tensor> saved;
+    std::ostringstream info;
+    auto keep = [&](std::vector<torch::Tensor> grads) { saved.insert(saved.end(), grads.begin(), grads.begin() + 4); };
+    {
+      // Steps 0 and 1: fp32 gradients reduced in fp32, in place, groups launched during backward where complete;
+      // rank 1 never has b's gradient (zero-filled by the buckets: no fill_missing_grads here).
+      GradBucketsOptions options;
+      options.reduce_fp32 = true;
+      GradBuckets buckets(pg, hand.named, assignment, options);
+      for (const auto& g : buckets.groups()) info << "in_place " << g.name << " " << g.in_place << "\n";
+      for (int64_t step = 0; step < 2; ++step) {
+        buckets.arm_last_backward();
+        hand.backward_dense(rank, step);
+        const void* a_before = hand.a.grad().data_ptr();
+        const bool views_before = hand.q.grad().storage().is_alias_of(hand.k.grad().storage());
+        buckets.finish();
+        info << "step " << step << " a_kept " << (hand.a.grad().data_ptr() == a_before) << " qk_views " << views_before
+             << " " << hand.q.grad().storage().is_alias_of(hand.k.grad().storage()) << "\n";
+        keep(hand.take_grads());
+      }
+      info << "launched_in_backward " << buckets.launched_during_backward() << "\n";
+    }
+    {
+      // Step 2: one bucket after backward, a's gradient handed over non-contiguous (same values).
+      GradBucketsOptions options;
+      options.reduce_fp32 = true;
+      options.overlap = false;
+      GradBuckets one(pg, hand.named, assignment, options);
+      info << "one in_place " << one.groups().at(0).in_place << "\n";
+      one.arm_last_backward();
+      hand.backward_dense(rank, 2);
+      hand.a.mutable_grad() = hand.a.grad().t().contiguous().t();
+      info << "a contiguous before " << hand.a.grad().is_contiguous();
+      one.finish();
+      info << " after " << hand.a.grad().is_contiguous() << "\n";
+      keep(hand.take_grads());
+    }
+    {
+      // Step 3: fp32 gradients reduced in bf16: the flat buffer path (cast in, cast back).
+      GradBuckets cast(pg, hand.named, assignment, GradBucketsOptions{});
+      for (const auto& g : cast.groups()) info << "cast in_place " << g.name << " " << g.in_place << "\n";
+      cast.arm_last_backward();
+      hand.backward_dense(rank, 3);
+      cast.finish();
+      keep(hand.take_grads());
+    }
+    torch::save(saved, out + "/grads" + std::to_string(rank) + ".pt");
+    save_info("info", info.str());
+    return;
+  }
+
+  if (mode == "rows") {
+    // The embedding (index 4) row-sparse at 4 rows per rank (capacity 8 of 64 rows), in one group with w (5).
+    HandModel hand;
+    const std::vector<BucketAssignment> assignment = {{"dense", {0, 1, 2, 3}}, {"embed", {4, 5}}};
+    std::vector<torch::Tensor> saved;
+    std::ostringstream info;
+    auto keep = [&](std::vector<torch::Tensor> grads) {
+      saved.push_back(grads[4]);
+      saved.push_back(grads[5]);
+    };
+    auto describe = [&](const std::string& label, const GradBuckets& buckets) {
+      const auto& g = buckets.groups().back();
+      info << label << " rows " << g.row_sparse.size() << " bytes " << g.bytes << " dense " << g.dense_bytes << "\n";
+    };
+    auto step_with = [&](GradBuckets& buckets, int64_t step) {
+      buckets.arm_last_backward();
+      hand.backward_rows(rank, step);
+      buckets.finish();
+      keep(hand.take_grads());
+    };
+    GradBucketsOptions options;
+    options.reduce_fp32 = true;
+    options.row_sparse = {{4, 4}};
+    {
+      GradBuckets buckets(pg, hand.named, assignment, options);  // steps 0, 1: fp32 rows
+      describe("fp32", buckets);
+      step_with(buckets, 0);
+      step_with(buckets, 1);
+      buckets.check_row_bounds();
+    }
+    {
+      GradBucketsOptions cast = options;  // step 2: rows gathered in bf16, written back in fp32
+      cast.reduce_fp32 = false;
+      GradBuckets buckets(pg, hand.named, assignment, cast);
+      describe("bf16", buckets);
+      step_with(buckets, 2);
+    }
+    {
+      GradBucketsOptions one = options;  // step 3: one bucket: dense
+      one.overlap = false;
+      GradBuckets buckets(pg, hand.named, assignment, one);
+      describe("one", buckets);
+      step_with(buckets, 3);
+    }
+    GradBucketsOptions half = options;  // a capacity of half the rows (2 x 16 of 64): dense
+    half.row_sparse = {{4, 16}};
+    describe("half", GradBuckets(pg, hand.named, assignment, half));
+    torch::save(saved, out + "/grads" + std::to_string(rank) + ".pt");
+    save_info("info", info.str());
+    return;
+  }
+
+  if (mode == "gpu") {
+    // NCCL (AVG in the collective, the comm stream, launches during backward): steps 0, 1 with bf16 parameters
+    // reduced in bf16 (in place; the embedding row-sparse at 4 rows per rank), step 2 with fp32 parameters reduced
+    // in bf16 (the flat buffer; rows gathered in bf16). Gradients of all six parameters saved per step.
+    const std::vector<BucketAssignment> assignment = {{"packed", {2, 3}}, {"plain", {0, 1}}, {"embed", {4, 5}}};
+    std::vector<torch::Tensor> saved;
+    std::ostringstream info;
+    GradBucketsOptions options;
+    options.row_sparse = {{4, 4}};
+    {
+      HandModel hand(device, torch::kBFloat16);
+      GradBuckets buckets(pg, hand.named, assignment, options);
+      for (int64_t step = 0; step < 2; ++step) {
+        buckets.arm_last_backward();
+        hand.backward_all(rank, step);
+        buckets.finish();
+        for (auto& g : hand.take_grads()) saved.push_back(g);
+      }
+      buckets.check_row_bounds();
+      for (const auto& g : buckets.groups())
+        info << g.name << " in_place " << g.in_place << " rows " << g.row_sparse.size() << "\n";
+      info << "launched_in_backward " << buckets.launched_during_backward() << "\n";
+    }
+    {
+      HandModel hand(device, torch::kFloat32);
+      GradBuckets buckets(pg, hand.named, assignment, options);
+      buckets.arm_last_backward();
+      hand.backward_all(rank, 2);
+      buckets.finish();
+      for (auto& g : hand.take_grads()) saved.push_back(g);
+      buckets.check_row_bounds();
+    }
+    torch::save(saved, out + "/grads" + std::to_string(rank) + ".pt");
+    save_info("info", info.str());
+    return;
+  }
+
+  if (mode == "row-bound") {
+    // Capacity 2 x 1 rows; step 4 of HandModel::ids touches 5 rows over the ranks.
+    HandModel hand;
+    GradBucketsOptions options;
+    options.reduce_fp32 = true;
+    options.row_sparse = {{4, 1}};
+    GradBuckets buckets(pg, hand.named, {{"all", {0, 1, 2, 3, 4, 5}}}, options);
+    std::ostringstream info;
+    buckets.arm_last_backward();
+    hand.backward_rows(rank, 4);
+    buckets.finish();  // the count stays on the device: no error yet
+    hand.take_grads();
+    try {
+      buckets.arm_last_backward();  // the next step reads it
+      info << "next step: no error\n";
+    } catch (const vlatune::trainer::DistributedError& e) {
+      info << "next step: " << e.what() << "\n";
+    }
+    hand.backward_rows(rank, 4);
+    buckets.finish();
+    hand.take_grads();
+    try {
+      buckets.check_row_bounds();
+      info << "check: no error\n";
+    } catch (const vlatune::trainer::DistributedError& e) {
+      info << "check: " << e.what() << "\n";
+    }
+    save_info("info", info.str());
     return;
   }
 
@@ -402,6 +667,48 @@ TEST_CASE("distributed worker (run by the two-process cases)", "[.dist-worker]")
   std::ofstream(out + "/launched" + std::to_string(rank) + ".txt") << launched_in_backward;
 }
 
+// GPU (NCCL, two GPUs; scripts/multi-gpu-check.sh runs it): the in-place and row-sparse reductions on the device,
+// launched from the backward hooks on the comm stream, give the mean of the ranks' gradients (to rounding: NCCL's
+// AVG), with missing gradients (b on rank 1), views of one packed buffer (q, k) and overlapping embedding rows.
+TEST_CASE("Copy-free and row-sparse all-reduce on two GPUs (NCCL) give the mean of the ranks' gradients",
+          "[.gpu][distributed]") {
+  if (torch::cuda::device_count() < 2) FAIL("needs two GPUs, found " << static_cast<int>(torch::cuda::device_count()));
+  const std::string dir = temp_dir("gpu-buckets");
+  const auto codes = run_workers(2, "gpu", dir);
+  INFO(worker_logs(dir, 2));
+  REQUIRE(codes == std::vector<int>{0, 0});
+  // Reference on the CPU, per dtype, each rank's gradients computed alone.
+  std::vector<torch::Tensor> expected;
+  for (int64_t step = 0; step < 3; ++step) {
+    HandModel hand(torch::kCPU, step < 2 ? torch::kBFloat16 : torch::kFloat32);
+    hand.backward_all(0, step);
+    const auto g0 = hand.take_grads();
+    hand.backward_all(1, step);
+    const auto g1 = hand.take_grads();
+    for (size_t i = 0; i < g0.size(); ++i)
+      expected.push_back((g0[i].to(torch::kFloat32) + g1[i].to(torch::kFloat32)) / 2);
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<torch::Tensor> got;
+    torch::load(got, dir + "/grads" + std::to_string(rank) + ".pt");
+    REQUIRE(got.size() == expected.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      // Reduced in bf16 throughout: a relative bf16 rounding (2^-8) of the largest value; a sum instead of a mean,
+      // a lost row or a group reduced twice is far off.
+      const double scale = std::max(1.0, expected[i].abs().max().item<double>());
+      const double diff = (got[i].to(torch::kFloat32) - expected[i]).abs().max().item<double>();
+      INFO("rank " << rank << ", step " << i / 6 << ", parameter " << i % 6 << ": largest difference " << diff);
+      CHECK(diff <= scale / 128);
+    }
+    const std::string info = read_text(dir + "/info" + std::to_string(rank) + ".txt");
+    INFO(info);
+    CHECK_THAT(info, Catch::Contains("packed in_place 1 rows 0") && Catch::Contains("embed in_place 1 rows 1"));
+  }
+  CHECK_THAT(read_text(dir + "/info0.txt"), !Catch::Contains("launched_in_backward 0"));
+}
+
+#ifdef VLATUNE_HAVE_GLOO
+
 TEST_CASE("Bucketed all-reduce over Gloo: each rank's gradients are the mean of the ranks' gradients",
           "[distributed][gloo]") {
   const std::string dir = temp_dir("buckets");
@@ -434,6 +741,102 @@ TEST_CASE("Bucketed all-reduce over Gloo: each rank's gradients are the mean of 
   // The second step (after the first has shown which parameters get gradients) starts reductions mid-backward.
   const int launched = std::stoi(read_text(dir + "/launched0.txt"));
   CHECK(launched > 0);
+}
+
+TEST_CASE("Copy-free all-reduce over Gloo: gradients reduced in place equal the mean, bit for bit",
+          "[distributed][gloo]") {
+  const std::string dir = temp_dir("in-place");
+  const auto codes = run_workers(2, "in-place", dir);
+  INFO(worker_logs(dir, 2));
+  REQUIRE(codes == std::vector<int>{0, 0});
+
+  // Reference by hand: each rank's gradients of a, b, q, k (b zero on rank 1), averaged; step 3 in bf16.
+  HandModel hand;
+  std::vector<torch::Tensor> expected;
+  for (int64_t step = 0; step < 4; ++step) {
+    hand.backward_dense(0, step);
+    const auto g0 = hand.take_grads();
+    hand.backward_dense(1, step);
+    const auto g1 = hand.take_grads();
+    for (size_t i = 0; i < 4; ++i) {
+      if (step < 3)
+        expected.push_back((g0[i] + g1[i]) / 2);
+      else
+        expected.push_back(((g0[i].to(torch::kBFloat16) + g1[i].to(torch::kBFloat16)) / 2).to(torch::kFloat32));
+    }
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<torch::Tensor> got;
+    torch::load(got, dir + "/grads" + std::to_string(rank) + ".pt");
+    require_equal_lists(got, expected, "rank " + std::to_string(rank));
+    const std::string info = read_text(dir + "/info" + std::to_string(rank) + ".txt");
+    INFO(info);
+    // fp32 gradients in fp32: in place (the .grad keeps its memory; q and k stay views of one gradient buffer).
+    CHECK_THAT(info, Catch::Contains("in_place packed 1") && Catch::Contains("in_place plain 1") &&
+                         Catch::Contains("one in_place 1"));
+    CHECK_THAT(info,
+               Catch::Contains("step 0 a_kept 1 qk_views 1 1") && Catch::Contains("step 1 a_kept 1 qk_views 1 1"));
+    CHECK_THAT(info, Catch::Contains("a contiguous before 0 after 1"));
+    // fp32 gradients in bf16: the flat buffer.
+    CHECK_THAT(info, Catch::Contains("cast in_place packed 0") && Catch::Contains("cast in_place plain 0"));
+  }
+  // In the second step the "packed" group (complete on both ranks) is launched during backward; "plain" waits for
+  // b on rank 1 until finish().
+  CHECK_THAT(read_text(dir + "/info1.txt"), Catch::Contains("launched_in_backward 1"));
+}
+
+TEST_CASE("Row-sparse all-reduce over Gloo: the embedding's union of rows gives the dense mean, bit for bit",
+          "[distributed][gloo]") {
+  const std::string dir = temp_dir("rows");
+  const auto codes = run_workers(2, "rows", dir);
+  INFO(worker_logs(dir, 2));
+  REQUIRE(codes == std::vector<int>{0, 0});
+
+  HandModel hand;
+  std::vector<torch::Tensor> expected;
+  for (int64_t step = 0; step < 4; ++step) {
+    hand.backward_rows(0, step);
+    const auto g0 = hand.take_grads();
+    hand.backward_rows(1, step);
+    const auto g1 = hand.take_grads();
+    for (size_t i : {size_t{4}, size_t{5}}) {
+      if (step == 2)
+        expected.push_back(((g0[i].to(torch::kBFloat16) + g1[i].to(torch::kBFloat16)) / 2).to(torch::kFloat32));
+      else
+        expected.push_back((g0[i] + g1[i]) / 2);
+    }
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<torch::Tensor> got;
+    torch::load(got, dir + "/grads" + std::to_string(rank) + ".pt");
+    require_equal_lists(got, expected, "rank " + std::to_string(rank));
+    const std::string info = read_text(dir + "/info" + std::to_string(rank) + ".txt");
+    INFO(info);
+    // Communicated: capacity 8 rows x 4 x element size + the 64-byte row mask + w; dense: 64 x 4 + 3 elements.
+    CHECK_THAT(info, Catch::Contains("fp32 rows 1 bytes " + std::to_string(8 * 4 * 4 + 64 + 3 * 4) + " dense " +
+                                     std::to_string((256 + 3) * 4)));
+    CHECK_THAT(info, Catch::Contains("bf16 rows 1 bytes " + std::to_string(8 * 4 * 2 + 64 + 3 * 2) + " dense " +
+                                     std::to_string((256 + 3) * 2)));
+    CHECK_THAT(info, Catch::Contains("one rows 0"));
+    CHECK_THAT(info, Catch::Contains("half rows 0 bytes " + std::to_string((256 + 3) * 4)));
+  }
+}
+
+TEST_CASE("Row-sparse all-reduce over Gloo: too many rows for the capacity fail the next step, naming the parameter",
+          "[distributed][gloo]") {
+  const std::string dir = temp_dir("row-bound");
+  const auto codes = run_workers(2, "row-bound", dir);
+  INFO(worker_logs(dir, 2));
+  REQUIRE(codes == std::vector<int>{0, 0});
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string info = read_text(dir + "/info" + std::to_string(rank) + ".txt");
+    INFO(info);
+    const std::string error =
+        "distributed: the row-sparse gradient of embed.weight had 5 non-zero rows over the ranks, more than its "
+        "capacity 2 (2 ranks x 1 rows per rank)";
+    CHECK_THAT(info, Catch::Contains("next step: " + error));
+    CHECK_THAT(info, Catch::Contains("check: " + error));
+  }
 }
 
 TEST_CASE("A rank that dies makes the other fail with a clear error instead of hanging", "[distributed][gloo]") {
