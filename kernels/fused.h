@@ -149,9 +149,9 @@ struct RopeQkvParams {
   void* qkv_suffix = nullptr;  // [B, S, (H + 2 Hk) * D]
   const float* cos = nullptr;  // [B, N, D/2]
   const float* sin = nullptr;
-  void* q = nullptr;
-  void* k = nullptr;
-  void* v = nullptr;
+  void* q = nullptr;  // token-major: [B, Tq, H, D] (Tq = P + S, or S without prefix_q)
+  void* k = nullptr;  // [B, P + S, Hk, D]
+  void* v = nullptr;  // [B, P + S, Hk, D]
 };
 
 bool rope_qkv_supported(ActDtype dtype, int head_dim);

@@ -1,6 +1,7 @@
 // Autograd wrappers of the fused decoder kernels (contract: fused_ops.h; design: fused.md): input checks, dispatch
 // by device (CUDA kernels of norm.cu / rope.cu / geglu.cu, else the ATen reference forward with its analytic
-// backward), the GEMM wrappers (merged_linear, geglu_linear, gelu_linear; their GEMMs are ATen on every device)
+// backward), the GEMM wrappers (merged_linear, geglu_linear, gelu_linear; their GEMMs are gemm_tuned.h's: tuned on
+// CUDA bf16/fp16, the same ATen ops as before elsewhere or with VLATUNE_GEMM_TUNING=0)
 // and the view split of SigLIP's merged QKV output (split_qkv_heads).
 #include <torch/torch.h>
 
@@ -11,6 +12,7 @@
 
 #include "kernels/fused.h"
 #include "kernels/fused_ops.h"
+#include "kernels/gemm_tuned.h"
 #include "kernels/merged_rebuild_node.h"
 #include "profiler/scope.h"
 
@@ -497,9 +499,10 @@ struct RopeQkvFn : public torch::autograd::Function<RopeQkvFn> {
     ctx->save_for_backward({cos, sin});
     const c10::cuda::CUDAGuard guard(qkv_suffix.device());
     const auto opts = qkv_suffix.options();
-    q = at::empty({r.batch, r.heads, prefix_q ? r.p + r.s : r.s, r.d}, opts);
-    k = at::empty({r.batch, r.kv_heads, r.p + r.s, r.d}, opts);
-    v = at::empty({r.batch, r.kv_heads, r.p + r.s, r.d}, opts);
+    // Token-major buffers, returned as [B, h, T, D] views (fused_ops.h QkvHeads).
+    q = at::empty({r.batch, prefix_q ? r.p + r.s : r.s, r.heads, r.d}, opts);
+    k = at::empty({r.batch, r.p + r.s, r.kv_heads, r.d}, opts);
+    v = at::empty({r.batch, r.p + r.s, r.kv_heads, r.d}, opts);
     RopeQkvParams p = rope_params(r, qkv_suffix, cos, sin);
     p.qkv_prefix = const_cast<void*>(qkv_prefix.const_data_ptr());  // read only in the forward
     p.qkv_suffix = const_cast<void*>(qkv_suffix.const_data_ptr());
@@ -507,6 +510,9 @@ struct RopeQkvFn : public torch::autograd::Function<RopeQkvFn> {
     p.k = k.data_ptr();
     p.v = v.data_ptr();
     launch_rope_qkv_fwd(p, stream_of(qkv_suffix));
+    q = q.transpose(1, 2);
+    k = k.transpose(1, 2);
+    v = v.transpose(1, 2);
 #endif
     return {q, k, v};
   }
@@ -518,14 +524,18 @@ struct RopeQkvFn : public torch::autograd::Function<RopeQkvFn> {
     const int64_t heads = ctx->saved_data["heads"].toInt(), kv_heads = ctx->saved_data["kv_heads"].toInt();
     const bool prefix_q = ctx->saved_data["prefix_q"].toBool();
     const int64_t p_len = ctx->saved_data["p"].toInt();
-    // Shapes from the gradients (materialized: undefined output gradients arrive as zeros).
-    const at::Tensor gq = dense(grads[0]), gk = dense(grads[1]), gv = dense(grads[2]);
-    RopeShape r{gk.size(0), p_len, gk.size(2) - p_len, heads, kv_heads, gk.size(3), prefix_q};
+    // Shapes from the gradients ([B, h, T, D]; materialized: undefined output gradients arrive as zeros).
+    RopeShape r{grads[1].size(0), p_len, grads[1].size(2) - p_len, heads, kv_heads, grads[1].size(3), prefix_q};
     at::Tensor grad_prefix, grad_suffix;
     if (!kernel) {
-      std::tie(grad_prefix, grad_suffix) = rope_qkv_bwd_ref(r, gq, gk, gv, cos, sin, gk.scalar_type());
+      std::tie(grad_prefix, grad_suffix) =
+          rope_qkv_bwd_ref(r, grads[0], grads[1], grads[2], cos, sin, grads[1].scalar_type());
     } else {
 #ifdef VLATUNE_HAVE_CUDA
+      // The kernel reads token-major gradients: no copy when they come as the forward's layout (the varlen
+      // attention's and SDPA's gradients do).
+      auto token_major = [](const at::Tensor& g) { return g.transpose(1, 2).contiguous(); };
+      const at::Tensor gq = token_major(grads[0]), gk = token_major(grads[1]), gv = token_major(grads[2]);
       const c10::cuda::CUDAGuard guard(gk.device());
       const auto opts = gk.options();
       grad_prefix = at::empty({r.batch, r.p, ((prefix_q ? heads : 0) + 2 * kv_heads) * r.d}, opts);
@@ -620,6 +630,19 @@ at::Tensor stacked(at::TensorList parts, const at::Tensor& x) {
   return at::cat(cast, 0);
 }
 
+// result[1] = dW = g^T act in the weight's dtype; with sum_in_gemm also result[2] = db = sum of g over rows from the
+// same GEMM (tuned_mm_row_sums), in the bias's dtype (without it the caller has summed already).
+void weight_and_bias_grads(const at::Tensor& g, const at::Tensor& act, const at::Tensor& weight, const at::Tensor& bias,
+                           bool sum_in_gemm, variable_list& result) {
+  if (!sum_in_gemm) {
+    result[1] = tuned_mm(g.t(), act).to(weight.scalar_type());
+    return;
+  }
+  MmRowSums r = tuned_mm_row_sums(g.t(), act);
+  result[1] = r.out.to(weight.scalar_type());
+  result[2] = r.row_sums.to(bias.scalar_type());
+}
+
 // args = [x, w_0 .. w_{n-1}, b_0 .. b_{n-1} (when has_bias)].
 struct MergedLinearFn : public torch::autograd::Function<MergedLinearFn> {
   static at::Tensor forward(AutogradContext* ctx, at::TensorList args, int64_t count, bool has_bias) {
@@ -630,7 +653,7 @@ struct MergedLinearFn : public torch::autograd::Function<MergedLinearFn> {
     ctx->saved_data["has_bias"] = has_bias;
     std::vector<at::Tensor> keep(args.begin(), args.begin() + 1 + count);  // x and the weights, not the stack
     ctx->save_for_backward(keep);
-    return at::linear(x, weight, bias);
+    return tuned_linear_forward(x, weight, bias);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -643,20 +666,30 @@ struct MergedLinearFn : public torch::autograd::Function<MergedLinearFn> {
     if (!grads[0].defined()) return result;
     const int64_t k = x.size(-1), n_total = grads[0].size(-1);
     const at::Tensor g = grads[0].reshape({-1, n_total});
-    if (ctx->needs_input_grad(0)) result[0] = g.mm(stacked(weights, g)).view(x.sizes());  // stack rebuilt here
+    if (ctx->needs_input_grad(0)) result[0] = tuned_mm(g, stacked(weights, g)).view(x.sizes());  // stack rebuilt
     const at::Tensor x2 = x.reshape({-1, k});
-    // The bias gradients as one reduction over the contiguous rows (three strided column reductions read the
-    // gradient at a third of the bandwidth).
-    const at::Tensor bias_sums = has_bias ? g.sum(0) : at::Tensor();
+    // The bias gradients: with tuned GEMMs, each member's comes with its weight-gradient GEMM (the BGRADB epilogue);
+    // else one reduction over the contiguous rows (three strided column reductions read the gradient at a third of
+    // the bandwidth).
+    const bool sums_in_gemm = has_bias && gemm_tuning_applies(g);
+    const at::Tensor bias_sums = has_bias && !sums_in_gemm ? g.sum(0) : at::Tensor();
     int64_t offset = 0;
     for (int64_t i = 0; i < count; ++i) {
       const int64_t n = weights[i].size(0);
+      const at::ScalarType dtype = weights[i].scalar_type();
       const at::Tensor gi = g.narrow(1, offset, n);  // strided columns: cuBLAS reads them in place
-      if (ctx->needs_input_grad(1 + i)) result[1 + i] = gi.t().mm(x2).to(weights[i].scalar_type());
-      if (has_bias && ctx->needs_input_grad(1 + count + i))
-        result[1 + count + i] = bias_sums.narrow(0, offset, n)
-                                    .to(weights[i].scalar_type(), /*non_blocking=*/false,
-                                        /*copy=*/true);  // own storage per gradient
+      const bool want_w = ctx->needs_input_grad(1 + i), want_b = has_bias && ctx->needs_input_grad(1 + count + i);
+      if (sums_in_gemm && want_w && want_b) {
+        MmRowSums r = tuned_mm_row_sums(gi.t(), x2);
+        result[1 + i] = r.out.to(dtype);
+        result[1 + count + i] = r.row_sums.to(dtype);
+      } else {
+        if (want_w) result[1 + i] = tuned_mm(gi.t(), x2).to(dtype);
+        if (want_b && sums_in_gemm) result[1 + count + i] = gi.sum(0).to(dtype);
+        if (want_b && !sums_in_gemm)
+          result[1 + count + i] =
+              bias_sums.narrow(0, offset, n).to(dtype, /*non_blocking=*/false, /*copy=*/true);  // own storage
+      }
       offset += n;
     }
     return result;
@@ -675,9 +708,10 @@ struct GegluLinearFn : public torch::autograd::Function<GegluLinearFn> {
     keep.insert(keep.end(), rebuild_saved.begin(), rebuild_saved.end());
     ctx->save_for_backward(keep);
     remember_rebuild(ctx, rebuild);
-    if (scope_fqn.empty()) return at::linear(act, cast_like(weight, act), bias.defined() ? cast_like(bias, act) : bias);
+    if (scope_fqn.empty())
+      return tuned_linear_forward(act, cast_like(weight, act), bias.defined() ? cast_like(bias, act) : bias);
     profiler::Scope scope(scope_fqn);
-    return at::linear(act, cast_like(weight, act), bias.defined() ? cast_like(bias, act) : bias);
+    return tuned_linear_forward(act, cast_like(weight, act), bias.defined() ? cast_like(bias, act) : bias);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -689,10 +723,11 @@ struct GegluLinearFn : public torch::autograd::Function<GegluLinearFn> {
     const at::Tensor merged = kept_or_rebuilt(ctx, saved, 3);
     const int64_t out_features = weight.size(0), f = weight.size(1);
     const at::Tensor g = grads[0].reshape({-1, out_features});
-    if (bias.defined()) result[2] = g.sum(0).to(bias.scalar_type());
+    const bool sum_in_gemm = bias.defined() && gemm_tuning_applies(g);  // the bias gradient comes with dW's GEMM
+    if (bias.defined() && !sum_in_gemm) result[2] = g.sum(0).to(bias.scalar_type());
     std::vector<int64_t> act_shape = merged.sizes().vec();
     act_shape.back() = f;
-    at::Tensor grad_act = g.mm(cast_like(weight, g)).view(act_shape);
+    at::Tensor grad_act = tuned_mm(g, cast_like(weight, g)).view(act_shape);
     at::Tensor act;
     if (geglu_kernel(merged) && grad_act.is_contiguous() && aligned16(grad_act)) {
       // One kernel: grad_merged, and the GeGLU output written over grad_act (no second forward kernel).
@@ -703,7 +738,7 @@ struct GegluLinearFn : public torch::autograd::Function<GegluLinearFn> {
       grad_act.reset();
       act = geglu_fwd(merged);  // recomputed
     }
-    result[1] = g.t().mm(act.reshape({-1, f})).to(weight.scalar_type());
+    weight_and_bias_grads(g, act.reshape({-1, f}), weight, bias, sum_in_gemm, result);
     return result;
   }
 };
@@ -761,9 +796,10 @@ struct GeluLinearFn : public torch::autograd::Function<GeluLinearFn> {
     const at::Tensor bias = bias_in.value_or(at::Tensor());
     const at::Tensor act = gelu_fwd(pre);
     ctx->save_for_backward({pre, weight, bias});
-    if (scope_fqn.empty()) return at::linear(act, cast_like(weight, act), bias.defined() ? cast_like(bias, act) : bias);
+    if (scope_fqn.empty())
+      return tuned_linear_forward(act, cast_like(weight, act), bias.defined() ? cast_like(bias, act) : bias);
     profiler::Scope scope(scope_fqn);
-    return at::linear(act, cast_like(weight, act), bias.defined() ? cast_like(bias, act) : bias);
+    return tuned_linear_forward(act, cast_like(weight, act), bias.defined() ? cast_like(bias, act) : bias);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -773,8 +809,9 @@ struct GeluLinearFn : public torch::autograd::Function<GeluLinearFn> {
     if (!grads[0].defined()) return result;
     const int64_t out_features = weight.size(0), f = weight.size(1);
     const at::Tensor g = grads[0].reshape({-1, out_features});
-    if (bias.defined()) result[2] = g.sum(0).to(bias.scalar_type());
-    at::Tensor grad_act = g.mm(cast_like(weight, g)).view(pre.sizes());
+    const bool sum_in_gemm = bias.defined() && gemm_tuning_applies(g);  // the bias gradient comes with dW's GEMM
+    if (bias.defined() && !sum_in_gemm) result[2] = g.sum(0).to(bias.scalar_type());
+    at::Tensor grad_act = tuned_mm(g, cast_like(weight, g)).view(pre.sizes());
     at::Tensor act;
     if (gelu_kernel(pre) && grad_act.is_contiguous() && aligned16(grad_act)) {
       result[0] = gelu_bwd_impl(grad_act, pre, /*rebuild=*/true);  // gelu(pre) over the consumed gradient
@@ -784,7 +821,7 @@ struct GeluLinearFn : public torch::autograd::Function<GeluLinearFn> {
       grad_act.reset();
       act = gelu_ref(pre);
     }
-    result[1] = g.t().mm(act.reshape({-1, f})).to(weight.scalar_type());
+    weight_and_bias_grads(g, act.reshape({-1, f}), weight, bias, sum_in_gemm, result);
     return result;
   }
 };

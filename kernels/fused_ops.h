@@ -64,6 +64,9 @@ struct QkvHeads {
   at::Tensor k;  // [B, Hk, P + S, D]
   at::Tensor v;  // [B, Hk, P + S, D]
 };
+// rope_qkv's CUDA kernel writes q, k and v token-major: the [B, h, T, D] tensors are transposed views of
+// contiguous [B, T, h, D] buffers (q.transpose(1, 2) is contiguous), the layout the varlen attention reads
+// (varlen_attention.h) and the one SDPA's output then takes; its backward reads gradients in either layout.
 
 // The merged QKV outputs of the two branches -> attention inputs: prefix rows first, heads split, half-split RoPE
 // on q and k in fp32 (fp64 for fp64), cast back. qkv_prefix [B, P, ((prefix_q ? H : 0) + 2 Hk) * D] ([q | k | v]

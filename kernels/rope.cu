@@ -23,8 +23,9 @@ using fused_detail::to_float;
 
 namespace {
 
-// One block per (batch, position): the position's row of heads is read once and scattered to the attention
-// layout. 128 threads: Pi0.5 (8 q + 1 k heads of 256: 16 rotation items each, + 32 copy items of v) has 176
+// One block per (batch, position): the position's row of heads is read once and written to the attention
+// inputs, token-major ([B, T, heads, D]: a position's heads are adjacent, as the varlen attention reads them).
+// 128 threads: Pi0.5 (8 q + 1 k heads of 256: 16 rotation items each, + 32 copy items of v) has 176
 // items per position; the tiny config 7.
 constexpr int kThreads = 128;
 
@@ -55,8 +56,8 @@ __global__ void __launch_bounds__(kThreads) rope_qkv_kernel(const RopeQkvParams 
       const int i = (item % rot_items) * V;  // first element of the pair's u half
       const bool is_q = head < q_heads;
       const int h = is_q ? head : head - q_heads;
-      T* dst = is_q ? static_cast<T*>(p.q) + ((b * p.heads + h) * tq_len + tq) * D
-                    : static_cast<T*>(p.k) + ((b * p.kv_heads + h) * n_total + n) * D;
+      T* dst = is_q ? static_cast<T*>(p.q) + ((b * tq_len + tq) * p.heads + h) * D
+                    : static_cast<T*>(p.k) + ((b * n_total + n) * p.kv_heads + h) * D;
       T* s = src + static_cast<int64_t>(head) * D;  // q heads first, then k heads, in the merged row
       const T* in = kForward ? s : dst;
       T* out = kForward ? dst : s;
@@ -81,7 +82,7 @@ __global__ void __launch_bounds__(kThreads) rope_qkv_kernel(const RopeQkvParams 
       const int rest = item - rot_total;
       const int h = rest / copy_items;
       const int i = (rest % copy_items) * V;
-      T* dst = static_cast<T*>(p.v) + ((b * p.kv_heads + h) * n_total + n) * D;
+      T* dst = static_cast<T*>(p.v) + ((b * n_total + n) * p.kv_heads + h) * D;
       T* s = src + static_cast<int64_t>(q_heads + p.kv_heads + h) * D;
       if (kForward) {
         store_pack(dst + i, 0, load_pack(s + i, 0));

@@ -217,6 +217,19 @@ std::vector<torch::Tensor> joint_attention(GemmaDecoderLayerImpl& prefix, GemmaD
     qkv_p = skip_prefix ? merged_gemm(xp, {ap.k_proj.get(), ap.v_proj.get()})
                         : merged_gemm(xp, {ap.q_proj.get(), ap.k_proj.get(), ap.v_proj.get()});
     auto qkv = kernels::rope_qkv(qkv_p, qkv_s, in.cos, in.sin, heads, kv_heads, /*prefix_q=*/!skip_prefix);
+    if (const kernels::VarlenLayout* varlen = skip_prefix ? in.varlen_suffix.get() : in.varlen_joint.get()) {
+      // Token-major rows [B * T, h, D] (views of the rope kernel's buffers); the output comes token-major too, so
+      // each branch's o_proj input is one copy of its rows and no transpose.
+      auto rows = [](const torch::Tensor& t) {
+        auto token_major = t.transpose(1, 2);
+        return token_major.reshape({-1, token_major.size(2), token_major.size(3)});
+      };
+      auto o = kernels::varlen_attention(rows(qkv.q), rows(qkv.k), rows(qkv.v), *varlen,
+                                         1.0 / std::sqrt(static_cast<double>(d)));
+      if (skip_prefix) return {ae.o_proj(o.view({batch, s, heads * d}))};
+      auto parts = o.view({batch, p + s, heads * d}).split_with_sizes({p, s}, 1);
+      return {ap.o_proj(parts[0].reshape({batch, p, heads * d})), ae.o_proj(parts[1].reshape({batch, s, heads * d}))};
+    }
     if (skip_prefix) {
       auto o = attention_core(qkv.q, qkv.k, qkv.v, in.mask.narrow(2, p, s), in.attention);
       return {ae.o_proj(o.transpose(1, 2).reshape({batch, s, heads * d}))};
@@ -258,13 +271,16 @@ std::vector<torch::Tensor> joint_layer(GemmaDecoderLayerImpl& prefix, GemmaDecod
     GemmaDecoderLayerImpl* pe = &expert;
     const Attention mode = in.attention;
     attn = recompute(
-        [pp, pe, mode, skip, fused](const std::vector<torch::Tensor>& x) {
+        [pp, pe, mode, skip, fused, varlen_joint = in.varlen_joint,
+         varlen_suffix = in.varlen_suffix](const std::vector<torch::Tensor>& x) {
           JointInputs j;
           j.cos = x[2];
           j.sin = x[3];
           j.mask = x[4];
           j.attention = mode;
           j.fused = fused;
+          j.varlen_joint = varlen_joint;
+          j.varlen_suffix = varlen_suffix;
           return joint_attention(*pp, *pe, x[0], x[1], j, skip);
         },
         {np.y, ns.y, in.cos, in.sin, in.mask}, concat(prefix.self_attn->parameters(), expert.self_attn->parameters()));

@@ -4,8 +4,10 @@
 // residuals and GeGLU MLPs. Prefix norms are RMSNorm (1 + w); expert norms are adaRMS with gated residuals.
 #pragma once
 
+#include <memory>
 #include <vector>
 
+#include "kernels/varlen_attention.h"
 #include "model/config.h"
 #include "model/layers.h"
 
@@ -82,6 +84,9 @@ struct JointInputs {
   torch::Tensor mask;      // [B, 1, N, N] bool: query i may attend key j
   Attention attention = Attention::kLean;
   bool fused = false;  // the fused kernels and merged GEMMs (ForwardOptions::kernels resolved for the device)
+  // Set (fused, lean, kernels::varlen_attention_supported): the mask as varlen sequences, for layers with prefix
+  // queries and for the last layer's suffix queries alone; the attention then reads no mask tensor.
+  std::shared_ptr<const kernels::VarlenLayout> varlen_joint, varlen_suffix;
 };
 
 // RoPE tables for positions [B, N]: theta_i = pos / 10000^(2i/head_dim), i < head_dim/2, in `math`.

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "kernels/gemm_tuned.h"
 #include "model/float8_linear.h"
 #include "profiler/scope.h"
 
@@ -37,7 +38,8 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   profiler::Scope scope(fqn());
   if (profiler::scopes_enabled()) profiler::note_gemm({&fqn()}, x.numel() / x.size(-1), weight.size(1), weight.size(0));
   if (fp8) return float8_linear(x, {weight}, bias, *fp8);
-  return at::linear(x, as_dtype_of(weight, x), bias.defined() ? as_dtype_of(bias, x) : torch::Tensor());
+  // Tuned GEMMs on CUDA bf16/fp16 (kernels/gemm_tuned.h), at::linear itself elsewhere.
+  return kernels::tuned_linear(x, as_dtype_of(weight, x), bias.defined() ? as_dtype_of(bias, x) : torch::Tensor());
 }
 
 Float8State* merged_fp8_state(std::initializer_list<const LinearImpl*> members) {

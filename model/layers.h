@@ -33,7 +33,8 @@ class ScopedModule : public torch::nn::Module {
 void assign_fqns(torch::nn::Module& root);
 
 // y = x W^T (+ b). Weight [out, in] as nn.Linear; cast to the input's dtype when they differ. With `fp8` set
-// (Pi05Impl::set_fp8) the GEMMs run in FP8 (model/float8_linear.h).
+// (Pi05Impl::set_fp8) the GEMMs run in FP8 (model/float8_linear.h); else through kernels::tuned_linear (tuned
+// cuBLAS/cuBLASLt GEMMs on CUDA bf16/fp16, at::linear elsewhere: kernels/gemm.md).
 class LinearImpl : public ScopedModule {
  public:
   LinearImpl(int64_t in, int64_t out, bool bias, torch::TensorOptions options);

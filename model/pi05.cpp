@@ -357,6 +357,13 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
   joint.mask = ((allowed.unsqueeze(0) & valid.unsqueeze(1)) | eye).unsqueeze(1);
   auto positions = valid.to(torch::kLong).cumsum(1) - 1;
   std::tie(joint.cos, joint.sin) = rope_tables(positions, cfg_.backbone.head_dim, md);
+  if (joint.fused && joint.attention == Attention::kLean &&
+      kernels::varlen_attention_supported(hs, cfg_.backbone.head_dim)) {
+    joint.varlen_joint = std::make_shared<const kernels::VarlenLayout>(kernels::joint_varlen_layout(valid, p, true));
+    if (options.skip_dead)
+      joint.varlen_suffix =
+          std::make_shared<const kernels::VarlenLayout>(kernels::joint_varlen_layout(valid, p, false));
+  }
   inputs_scope.reset();
 
   // 5. Joint layers.
@@ -373,10 +380,13 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
       const Attention mode = options.attention;
       const bool fused = joint.fused;
       result = recompute(
-          [lp, le, mode, fused, layer_options](const std::vector<torch::Tensor>& in) {
+          [lp, le, mode, fused, layer_options, varlen_joint = joint.varlen_joint,
+           varlen_suffix = joint.varlen_suffix](const std::vector<torch::Tensor>& in) {
             JointInputs j;
             j.attention = mode;
             j.fused = fused;
+            j.varlen_joint = varlen_joint;
+            j.varlen_suffix = varlen_suffix;
             j.cond = in[2];
             j.cos = in[3];
             j.sin = in[4];

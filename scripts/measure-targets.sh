@@ -18,7 +18,9 @@
 # only measure-targets.tar.gz of all that (the device tool brings back a limited number of files).
 #
 # Options: --tests SPEC (Catch2 spec of the GPU tests; default "[gpu]"), --grid DIR, --train-steps N (default 14),
-#          --fp8-recipe FILE, --pack, --only-gates (GPU 0: the perf gate only; GPU 1: the numerics gate and the grid).
+#          --fp8-recipe FILE, --pack, --only-gates (GPU 0: the perf gate only; GPU 1: the numerics gate and the grid),
+#          --pairs-only (the two vlatune-vs-reference pairs and the GPU tests; no profile, gates or grid),
+#          --no-build (reuse build-gpu/ from an earlier call on the same warm machine).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -29,6 +31,8 @@ grid=""
 train_steps=14
 fp8_recipe=recipes/pi05_libero_h200_fp8.json
 only_gates=0
+pairs_only=0
+build=1
 pack=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -37,6 +41,8 @@ while [ $# -gt 0 ]; do
     --train-steps) train_steps="$2"; shift 2 ;;
     --fp8-recipe) fp8_recipe="$2"; shift 2 ;;
     --only-gates) only_gates=1; shift ;;
+    --pairs-only) pairs_only=1; shift ;;
+    --no-build) build=0; shift ;;
     --pack) pack=1; shift ;;
     *) echo "measure-targets: unknown option '$1'" >&2; exit 4 ;;
   esac
@@ -44,8 +50,10 @@ done
 t0=$(date +%s)
 elapsed() { echo "[$(( $(date +%s) - t0 )) s]"; }
 
-bash scripts/gpu-check.sh --build-only >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
-echo "$(elapsed) built"
+if [ "$build" = 1 ]; then
+  bash scripts/gpu-check.sh --build-only >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+  echo "$(elapsed) built"
+fi
 v="$root/build-gpu/cli/vlatune"
 
 gpu1() {
@@ -53,6 +61,7 @@ gpu1() {
   if [ "$only_gates" = 0 ]; then
     OUT="$out/g1" bash scripts/gpu-check.sh --no-build --skip-tests --bench-filter NONE_ --ref compiled-fp8 \
       --train-steps "$train_steps" --train-recipes "$fp8_recipe"
+    [ "$pairs_only" = 1 ] && { echo "$(elapsed) GPU 1 done"; return; }
     echo "$(elapsed) FP8 profile"
     timeout 150 "$v" profile --config full --data synthetic --batch 32 --steps 2 --warmup 1 --timed-steps 3 \
       --ab-steps 0 --gemm-reps 0 --trace-steps 0 --recipe "$fp8_recipe" --out "$out/prof_fp8" 2>&1 | tail -5
@@ -84,10 +93,12 @@ gpu1_pid=$!
     OUT="$out/g0" bash scripts/gpu-check.sh --no-build --no-ctest --test-filter "$tests" \
       --bench-filter 'fp8_geglu_cast' --bench-repetitions 3 --ref compiled --train-steps "$train_steps" \
       --train-recipes none
-  echo "$(elapsed) perf gate: baseline, then a gate run against it"
-  OUT="$out/gate0" bash scripts/perf-gate.sh --vlatune "$v" --no-baseline | tail -4
-  cp "$out/gate0/pi05_full_bs32.json" reports/baselines/h200/ &&
-    OUT="$out/gate1" bash scripts/perf-gate.sh --vlatune "$v" | tail -12
+  if [ "$pairs_only" = 0 ]; then
+    echo "$(elapsed) perf gate: baseline, then a gate run against it"
+    OUT="$out/gate0" bash scripts/perf-gate.sh --vlatune "$v" --no-baseline | tail -4
+    cp "$out/gate0/pi05_full_bs32.json" reports/baselines/h200/ &&
+      OUT="$out/gate1" bash scripts/perf-gate.sh --vlatune "$v" | tail -12
+  fi
   echo "$(elapsed) GPU 0 done"
 } >"$out/gpu0.log" 2>&1
 wait "$gpu1_pid"

@@ -1,0 +1,117 @@
+// kernels/varlen_attention: the varlen layout of Pi0.5's joint mask (CPU, by hand), and the FlashAttention varlen
+// path against an fp64 masked-softmax reference on valid rows, gradients included ([.gpu]).
+#include <torch/torch.h>
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/varlen_attention.h"
+
+namespace {
+
+namespace k = vlatune::kernels;
+
+std::vector<int64_t> values(const torch::Tensor& t) {
+  auto c = t.to(torch::kCPU, torch::kLong).contiguous();
+  return {c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel()};
+}
+
+// valid [B, P + S] -> the model's mask [B, N, N]: i attends j iff block(j) <= block(i) and valid(j), or i == j.
+torch::Tensor joint_mask(const torch::Tensor& valid, int64_t p) {
+  const int64_t n = valid.size(1);
+  auto block = torch::cat({torch::zeros({p}, torch::kLong), torch::ones({n - p}, torch::kLong)}).to(valid.device());
+  auto allowed = block.unsqueeze(0) <= block.unsqueeze(1);
+  auto eye = torch::eye(n, torch::TensorOptions().dtype(torch::kBool).device(valid.device()));
+  return (allowed.unsqueeze(0) & valid.unsqueeze(1)) | eye;
+}
+
+}  // namespace
+
+TEST_CASE("joint_varlen_layout packs each sample's allowed keys, prefix and suffix sequences", "[varlen][kernels]") {
+  // B = 2, P = 3, S = 2; sample 1's valid prefix keys are not contiguous (an empty camera slot, say).
+  auto valid = torch::tensor({1, 1, 0, 1, 1, 1, 0, 1, 1, 1}, torch::kBool).view({2, 5});
+  SECTION("prefix and suffix queries") {
+    const k::VarlenLayout l = k::joint_varlen_layout(valid, 3, /*prefix_queries=*/true);
+    CHECK(values(l.cu_q) == std::vector<int64_t>{0, 3, 5, 8, 10});
+    CHECK(values(l.cu_k) == std::vector<int64_t>{0, 2, 6, 8, 12});
+    // Slots: (b0 prefix) 0 1 | (b0 suffix) 0 1 3 4 | (b1 prefix) 5 7 | (b1 suffix) 5 7 8 9 | unused -> row 10.
+    CHECK(values(l.scatter) == std::vector<int64_t>{0, 1, 0, 1, 3, 4, 5, 7, 5, 7, 8, 9, 10, 10, 10, 10});
+    CHECK(values(l.gather) == std::vector<int64_t>{0, 1, 0, 1, 3, 4, 5, 7, 5, 7, 8, 9, 9, 9, 9, 9});
+    CHECK(l.rows_q == 10);
+    CHECK(l.rows_k == 10);
+    CHECK(l.max_q == 3);
+    CHECK(l.max_k == 5);
+  }
+  SECTION("suffix queries alone (the last layer's dead prefix queries skipped)") {
+    const k::VarlenLayout l = k::joint_varlen_layout(valid, 3, /*prefix_queries=*/false);
+    CHECK(values(l.cu_q) == std::vector<int64_t>{0, 2, 4});
+    CHECK(values(l.cu_k) == std::vector<int64_t>{0, 4, 8});
+    CHECK(values(l.scatter) == std::vector<int64_t>{0, 1, 3, 4, 5, 7, 8, 9, 10, 10});
+    CHECK(l.rows_q == 4);
+    CHECK(l.max_q == 2);
+  }
+  SECTION("bad input is named") {
+    CHECK_THROWS_WITH(k::joint_varlen_layout(valid.to(torch::kLong), 3, true),
+                      Catch::Contains("varlen_attention: valid must be a [B, N] bool tensor"));
+    CHECK_THROWS_WITH(k::joint_varlen_layout(valid, 6, true), Catch::Contains("prefix_len 6 outside [0, 5]"));
+  }
+}
+
+TEST_CASE("varlen_attention is not used on the CPU", "[varlen][kernels]") {
+  CHECK_FALSE(k::varlen_attention_supported(torch::zeros({2, 3}, torch::kBFloat16), 256));
+}
+
+TEST_CASE("varlen_attention matches the masked fp64 reference on valid rows, gradients included", "[.gpu][varlen]") {
+  REQUIRE(torch::cuda::is_available());
+  const bool prefix_queries = GENERATE(true, false);
+  // Pi0.5's heads (8 q, 1 kv, 256) and a smaller GQA shape.
+  const auto shape = GENERATE(std::vector<int64_t>{3, 45, 11, 8, 1, 256}, std::vector<int64_t>{2, 20, 6, 4, 2, 64});
+  const int64_t b = shape[0], p = shape[1], s = shape[2], h = shape[3], hk = shape[4], d = shape[5], n = p + s;
+  INFO("prefix_queries " << prefix_queries << " d " << d);
+  torch::manual_seed(700 + d);
+  REQUIRE(k::varlen_attention_supported(torch::zeros({1}, torch::dtype(torch::kBFloat16).device(torch::kCUDA)), d));
+  // Valid prefix keys: a contiguous run and, in sample 0, a hole (an absent camera's tokens).
+  auto valid = torch::ones({b, n}, torch::kBool);
+  for (int64_t i = 0; i < b; ++i) valid[i].narrow(0, p - 3 - 4 * i, 3 + 4 * i).fill_(false);
+  valid[0].narrow(0, 2, 5).fill_(false);
+  const int64_t tq = prefix_queries ? n : s;
+  auto opts = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
+  auto q = torch::randn({b * tq, h, d}, opts).requires_grad_(true);
+  auto kk = torch::randn({b * n, hk, d}, opts).requires_grad_(true);
+  auto v = torch::randn({b * n, hk, d}, opts).requires_grad_(true);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const k::VarlenLayout layout = k::joint_varlen_layout(valid.to(torch::kCUDA), p, prefix_queries);
+  auto out = k::varlen_attention(q, kk, v, layout, scale);
+  REQUIRE(out.sizes() == q.sizes());
+
+  // fp64 reference over [B, H, T, D] with the model's mask; dead rows (padded prefix queries) get no upstream
+  // gradient, as in the model, where nothing reads them.
+  auto mask = joint_mask(valid, p);
+  if (!prefix_queries) mask = mask.narrow(1, p, s);
+  const auto row_valid = prefix_queries ? valid : valid.narrow(1, p, s);
+  auto q64 = q.detach().cpu().to(torch::kFloat64).view({b, tq, h, d}).transpose(1, 2).requires_grad_(true);
+  auto k64 = kk.detach().cpu().to(torch::kFloat64).view({b, n, hk, d}).transpose(1, 2).requires_grad_(true);
+  auto v64 = v.detach().cpu().to(torch::kFloat64).view({b, n, hk, d}).transpose(1, 2).requires_grad_(true);
+  auto kr = k64.repeat_interleave(h / hk, 1), vr = v64.repeat_interleave(h / hk, 1);
+  auto logits = torch::matmul(q64, kr.transpose(-1, -2)) * scale;
+  logits = logits.masked_fill(mask.unsqueeze(1).logical_not(), -1e300);
+  auto ref = torch::matmul(torch::softmax(logits, -1), vr).transpose(1, 2);  // [B, Tq, H, D]
+
+  auto seed = torch::randn({b, tq, h, d}, torch::kFloat64) * row_valid.unsqueeze(-1).unsqueeze(-1);
+  (out.to(torch::kFloat64).cpu().view({b, tq, h, d}) * seed).sum().backward();
+  (ref * seed).sum().backward();
+
+  auto rel = [](const torch::Tensor& got, const torch::Tensor& want) {
+    auto g = got.detach().cpu().to(torch::kFloat64), w = want.detach().cpu().to(torch::kFloat64);
+    return (g - w).norm().item<double>() / w.norm().item<double>();
+  };
+  auto rows = row_valid.reshape({-1});
+  CHECK(rel(out.view({b * tq, h, d}).cpu().index({rows}), ref.reshape({b * tq, h, d}).index({rows})) < 1e-2);
+  CHECK(rel(q.grad(), q64.grad().transpose(1, 2).reshape({b * tq, h, d})) < 2e-2);
+  CHECK(rel(kk.grad(), k64.grad().transpose(1, 2).reshape({b * n, hk, d})) < 2e-2);
+  CHECK(rel(v.grad(), v64.grad().transpose(1, 2).reshape({b * n, hk, d})) < 2e-2);
+  // Keys no query may see (padded prefix positions) get exactly zero gradient.
+  auto dead_keys = valid.logical_not().reshape({-1});
+  CHECK(kk.grad().cpu().index({dead_keys}).abs().max().item<float>() == 0.0f);
+}
