@@ -201,10 +201,10 @@ struct TunedLinearFn : public torch::autograd::Function<TunedLinearFn> {
 }  // namespace
 
 bool gemm_tuning_from_env(const char* value) {
-  if (value == nullptr) return true;
+  if (value == nullptr) return false;
   std::string v(value);
   for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return !(v == "0" || v == "off" || v == "false" || v == "no");
+  return v == "1" || v == "on" || v == "true" || v == "yes";
 }
 
 bool gemm_tuning_enabled() {

@@ -5,8 +5,10 @@
 // (fp16) GEMM rounding whatever is chosen: fp32 accumulation, split-K partial sums in fp32 only, bias added before
 // the single rounding.
 //
-// Everywhere else (CPU, a CPU-only build, fp32/fp64 operands, tuning switched off) each function runs exactly the
-// ATen op it names, so results are bitwise ATen's. Switch: VLATUNE_GEMM_TUNING=0 (or set_gemm_tuning(false)).
+// Everywhere else (CPU, a CPU-only build, fp32/fp64 operands, tuning off) each function runs exactly the ATen op it
+// names, so results are bitwise ATen's. Off by default: in the full Pi0.5 step on the H200 the kept candidates were
+// no faster than ATen's GEMMs (gemm.md, "Measured in the step"). Switch: VLATUNE_GEMM_TUNING=1 (or
+// set_gemm_tuning(true)).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -18,12 +20,12 @@
 
 namespace vlatune::kernels {
 
-// On unless the environment variable VLATUNE_GEMM_TUNING reads as off (gemm_tuning_from_env), read at the first
+// Off unless the environment variable VLATUNE_GEMM_TUNING reads as on (gemm_tuning_from_env), read at the first
 // query; set_gemm_tuning overrides it for the process (tests, benchmarks).
 bool gemm_tuning_enabled();
 void set_gemm_tuning(bool enabled);
-// A value of VLATUNE_GEMM_TUNING -> on/off: "0", "off", "false", "no" (any case) are off; unset (null), empty or
-// anything else on.
+// A value of VLATUNE_GEMM_TUNING -> on/off: "1", "on", "true", "yes" (any case) are on; unset (null), empty or
+// anything else off.
 bool gemm_tuning_from_env(const char* value);
 
 // True when the functions below take the tuned path for operands like t: a CUDA build, t on CUDA in bf16 or fp16,

@@ -24,25 +24,28 @@ using torch::autograd::variable_list;
   throw std::invalid_argument("varlen_attention: " + what);
 }
 
-// Key rows [rows_k (+ 1 discarded row)] <- packed slots: sums of the slots' gradients, in fp32.
-at::Tensor scatter_sum(const at::Tensor& packed, const at::Tensor& scatter, int64_t rows_k, at::ScalarType dtype) {
-  at::Tensor sums = at::zeros({rows_k + 1, packed.size(1), packed.size(2)}, packed.options().dtype(at::kFloat));
-  sums.index_add_(0, scatter, packed.narrow(0, 0, scatter.size(0)).to(at::kFloat));
-  return sums.narrow(0, 0, rows_k).to(dtype);
+// A key row's gradient from the packed slots' (slot `slots` zeroed first: rows with no slot, or no second slot).
+at::Tensor gather_grad(at::Tensor packed, const at::Tensor& first_slot, const at::Tensor& second_slot, int64_t slots) {
+  packed.narrow(0, slots, 1).zero_();
+  at::Tensor grad = packed.index_select(0, first_slot);
+  // Two addends: ATen adds in fp32 and rounds once, as one fp32 sum would.
+  return second_slot.defined() ? at::add(grad, packed.index_select(0, second_slot)) : grad;
 }
 
-// args: q, k, v, gather, scatter, cu_q, cu_k (only q, k, v differentiable).
+// args: q, k, v, gather, first_slot, second_slot, cu_q, cu_k (only q, k, v differentiable).
 struct VarlenAttentionFn : public torch::autograd::Function<VarlenAttentionFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& gather, const at::Tensor& scatter, const at::Tensor& cu_q,
-                            const at::Tensor& cu_k, int64_t max_q, int64_t max_k, double scale) {
+                            const at::Tensor& gather, const at::Tensor& first_slot, const at::Tensor& second_slot,
+                            const at::Tensor& cu_q, const at::Tensor& cu_k, int64_t slots, int64_t max_q, int64_t max_k,
+                            double scale) {
     const at::Tensor kp = k.index_select(0, gather), vp = v.index_select(0, gather);
     [[maybe_unused]] auto [out, lse, rng_state, unused, debug_mask] =
         at::_flash_attention_forward(q, kp, vp, cu_q, cu_k, max_q, max_k, /*dropout_p=*/0.0, /*is_causal=*/false,
                                      /*return_debug_mask=*/false, scale);
     // The packed K/V are gathered again in backward (cheap) rather than kept: the saved tensors are the layer's
     // own q, k, v, as with SDPA.
-    ctx->save_for_backward({q, k, v, out, lse, rng_state, unused, gather, scatter, cu_q, cu_k});
+    ctx->save_for_backward({q, k, v, out, lse, rng_state, unused, gather, first_slot, second_slot, cu_q, cu_k});
+    ctx->saved_data["slots"] = slots;
     ctx->saved_data["max_q"] = max_q;
     ctx->saved_data["max_k"] = max_k;
     ctx->saved_data["scale"] = scale;
@@ -52,23 +55,18 @@ struct VarlenAttentionFn : public torch::autograd::Function<VarlenAttentionFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
     const at::Tensor &q = s[0], &k = s[1], &v = s[2], &out = s[3], &lse = s[4], &rng_state = s[5], &unused = s[6];
-    const at::Tensor &gather = s[7], &scatter = s[8], &cu_q = s[9], &cu_k = s[10];
+    const at::Tensor &gather = s[7], &first_slot = s[8], &second_slot = s[9], &cu_q = s[10], &cu_k = s[11];
+    const int64_t slots = ctx->saved_data["slots"].toInt();
     const at::Tensor kp = k.index_select(0, gather), vp = v.index_select(0, gather);
     auto [dq, dkp, dvp] = at::_flash_attention_backward(
         grads[0].contiguous(), q, kp, vp, out, lse, cu_q, cu_k, ctx->saved_data["max_q"].toInt(),
         ctx->saved_data["max_k"].toInt(), /*dropout_p=*/0.0, /*is_causal=*/false, rng_state, unused,
         ctx->saved_data["scale"].toDouble());
-    const int64_t rows_k = k.size(0);
-    return {dq,
-            scatter_sum(dkp, scatter, rows_k, k.scalar_type()),
-            scatter_sum(dvp, scatter, rows_k, v.scalar_type()),
-            at::Tensor(),
-            at::Tensor(),
-            at::Tensor(),
-            at::Tensor(),
-            at::Tensor(),
-            at::Tensor(),
-            at::Tensor()};
+    variable_list result(12);
+    result[0] = dq;
+    result[1] = gather_grad(dkp, first_slot, second_slot, slots);
+    result[2] = gather_grad(dvp, first_slot, second_slot, slots);
+    return result;
   }
 };
 
@@ -110,20 +108,22 @@ VarlenLayout joint_varlen_layout(const at::Tensor& valid, int64_t prefix_len, bo
   const at::Tensor starts = cu_k.narrow(0, 0, key_counts.size(0));
   const at::Tensor suffix_starts = prefix_queries ? starts.slice(0, 1, 2 * b, 2) : starts;  // [B]
 
-  // Slot capacity is the dump slot for invalid keys (dropped below); unused slots keep row rows_k.
-  at::Tensor scatter = at::full({capacity + 1}, layout.rows_k, longs);
-  const at::Tensor prefix_rows = (first_row + at::arange(p, longs).unsqueeze(0)).reshape({-1});
-  auto place_prefix_keys = [&](const at::Tensor& seq_starts) {
-    const at::Tensor slot = at::where(vp, seq_starts.unsqueeze(1) + rank, capacity);
-    scatter.index_put_({slot.reshape({-1})}, prefix_rows);
-  };
-  if (prefix_queries) place_prefix_keys(starts.slice(0, 0, 2 * b, 2));
-  place_prefix_keys(suffix_starts);
-  const at::Tensor suffix_slots =
-      (suffix_starts.unsqueeze(1) + lp.unsqueeze(1) + at::arange(s, longs).unsqueeze(0)).reshape({-1});
-  scatter.index_put_({suffix_slots}, (first_row + p + at::arange(s, longs).unsqueeze(0)).reshape({-1}));
-  layout.scatter = scatter.narrow(0, 0, capacity).contiguous();
-  layout.gather = layout.scatter.clamp_max(std::max<int64_t>(layout.rows_k - 1, 0));
+  // Per key row ([B, N] flattened: row b N + j), its slot(s); `capacity` (the zeroed extra slot) for none.
+  const at::Tensor suffix_slots = suffix_starts.unsqueeze(1) + lp.unsqueeze(1) + at::arange(s, longs).unsqueeze(0);
+  const at::Tensor in_suffix_seq = at::where(vp, suffix_starts.unsqueeze(1) + rank, capacity);  // [B, P]
+  if (prefix_queries) {
+    const at::Tensor in_prefix_seq = at::where(vp, starts.slice(0, 0, 2 * b, 2).unsqueeze(1) + rank, capacity);
+    layout.first_slot = at::cat({in_prefix_seq, suffix_slots}, 1).reshape({-1});
+    layout.second_slot = at::cat({in_suffix_seq, at::full({b, s}, capacity, longs)}, 1).reshape({-1});
+  } else {
+    layout.first_slot = at::cat({in_suffix_seq, suffix_slots}, 1).reshape({-1});
+  }
+  // Slot -> key row (rows without a slot all write the extra slot, which no sequence reads).
+  layout.slots = capacity;
+  layout.gather = at::zeros({capacity + 1}, longs);
+  const at::Tensor all_rows = at::arange(layout.rows_k, longs);
+  layout.gather.index_put_({layout.first_slot}, all_rows);
+  if (layout.second_slot.defined()) layout.gather.index_put_({layout.second_slot}, all_rows);
   return layout;
 }
 
@@ -150,8 +150,8 @@ at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::
     fail("rows " + std::to_string(q.size(0)) + " / " + std::to_string(k.size(0)) + " do not match the layout's " +
          std::to_string(layout.rows_q) + " / " + std::to_string(layout.rows_k));
   if (!q.is_contiguous() || !k.is_contiguous() || !v.is_contiguous()) fail("q, k and v must be contiguous");
-  return VarlenAttentionFn::apply(q, k, v, layout.gather, layout.scatter, layout.cu_q, layout.cu_k, layout.max_q,
-                                  layout.max_k, scale);
+  return VarlenAttentionFn::apply(q, k, v, layout.gather, layout.first_slot, layout.second_slot, layout.cu_q,
+                                  layout.cu_k, layout.slots, layout.max_q, layout.max_k, scale);
 }
 
 }  // namespace vlatune::kernels

@@ -35,9 +35,13 @@ TEST_CASE("joint_varlen_layout packs each sample's allowed keys, prefix and suff
     const k::VarlenLayout l = k::joint_varlen_layout(valid, 3, /*prefix_queries=*/true);
     CHECK(values(l.cu_q) == std::vector<int64_t>{0, 3, 5, 8, 10});
     CHECK(values(l.cu_k) == std::vector<int64_t>{0, 2, 6, 8, 12});
-    // Slots: (b0 prefix) 0 1 | (b0 suffix) 0 1 3 4 | (b1 prefix) 5 7 | (b1 suffix) 5 7 8 9 | unused -> row 10.
-    CHECK(values(l.scatter) == std::vector<int64_t>{0, 1, 0, 1, 3, 4, 5, 7, 5, 7, 8, 9, 10, 10, 10, 10});
-    CHECK(values(l.gather) == std::vector<int64_t>{0, 1, 0, 1, 3, 4, 5, 7, 5, 7, 8, 9, 9, 9, 9, 9});
+    // Slots -> rows: (b0 prefix) 0 1 | (b0 suffix) 0 1 3 4 | (b1 prefix) 5 7 | (b1 suffix) 5 7 8 9 | unused: row 0.
+    // (The extra slot 16, written by the rows without a slot, is not checked: any row, never read.)
+    CHECK(l.slots == 16);
+    CHECK(values(l.gather.narrow(0, 0, 16)) == std::vector<int64_t>{0, 1, 0, 1, 3, 4, 5, 7, 5, 7, 8, 9, 0, 0, 0, 0});
+    // Rows -> slots; 16 for none (row 2, 6: padded prefix keys; suffix keys have no second slot).
+    CHECK(values(l.first_slot) == std::vector<int64_t>{0, 1, 16, 4, 5, 6, 16, 7, 10, 11});
+    CHECK(values(l.second_slot) == std::vector<int64_t>{2, 3, 16, 16, 16, 8, 16, 9, 16, 16});
     CHECK(l.rows_q == 10);
     CHECK(l.rows_k == 10);
     CHECK(l.max_q == 3);
@@ -47,7 +51,10 @@ TEST_CASE("joint_varlen_layout packs each sample's allowed keys, prefix and suff
     const k::VarlenLayout l = k::joint_varlen_layout(valid, 3, /*prefix_queries=*/false);
     CHECK(values(l.cu_q) == std::vector<int64_t>{0, 2, 4});
     CHECK(values(l.cu_k) == std::vector<int64_t>{0, 4, 8});
-    CHECK(values(l.scatter) == std::vector<int64_t>{0, 1, 3, 4, 5, 7, 8, 9, 10, 10});
+    CHECK(l.slots == 10);
+    CHECK(values(l.gather.narrow(0, 0, 10)) == std::vector<int64_t>{0, 1, 3, 4, 5, 7, 8, 9, 0, 0});
+    CHECK(values(l.first_slot) == std::vector<int64_t>{0, 1, 10, 2, 3, 4, 10, 5, 6, 7});
+    CHECK_FALSE(l.second_slot.defined());
     CHECK(l.rows_q == 4);
     CHECK(l.max_q == 2);
   }
