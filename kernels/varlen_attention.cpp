@@ -29,10 +29,10 @@ at::Tensor gather_grad(at::Tensor packed, const at::Tensor& first_slot, const at
   packed.narrow(0, slots, 1).zero_();
   at::Tensor grad = packed.index_select(0, first_slot);
   // Two addends: ATen adds in fp32 and rounds once, as one fp32 sum would.
-  return second_slot.defined() ? at::add(grad, packed.index_select(0, second_slot)) : grad;
+  return second_slot.numel() > 0 ? at::add(grad, packed.index_select(0, second_slot)) : grad;
 }
 
-// args: q, k, v, gather, first_slot, second_slot, cu_q, cu_k (only q, k, v differentiable).
+// args: q, k, v, gather, first_slot, second_slot (empty: none), cu_q, cu_k (only q, k, v differentiable).
 struct VarlenAttentionFn : public torch::autograd::Function<VarlenAttentionFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& gather, const at::Tensor& first_slot, const at::Tensor& second_slot,
@@ -150,8 +150,10 @@ at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::
     fail("rows " + std::to_string(q.size(0)) + " / " + std::to_string(k.size(0)) + " do not match the layout's " +
          std::to_string(layout.rows_q) + " / " + std::to_string(layout.rows_k));
   if (!q.is_contiguous() || !k.is_contiguous() || !v.is_contiguous()) fail("q, k and v must be contiguous");
-  return VarlenAttentionFn::apply(q, k, v, layout.gather, layout.first_slot, layout.second_slot, layout.cu_q,
-                                  layout.cu_k, layout.slots, layout.max_q, layout.max_k, scale);
+  // autograd's input bookkeeping needs defined tensors: no second slot is an empty one.
+  const at::Tensor second_slot = layout.second_slot.defined() ? layout.second_slot : layout.first_slot.new_empty({0});
+  return VarlenAttentionFn::apply(q, k, v, layout.gather, layout.first_slot, second_slot, layout.cu_q, layout.cu_k,
+                                  layout.slots, layout.max_q, layout.max_k, scale);
 }
 
 }  // namespace vlatune::kernels
