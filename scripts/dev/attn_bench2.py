@@ -1,26 +1,12 @@
 # cuDNN varlen attention (packed K/V, uniform queries) vs masked SDPA on the joint Pi0.5 shapes.
-import torch, math, statistics
+import os
+import sys
+
+import torch
 import torch.nn.functional as F
-torch.manual_seed(0)
-dev = "cuda"; dt = torch.bfloat16
-B, H, D, P, S, IMG = 32, 8, 256, 712, 50, 512
-N = P + S
-scale = 1 / math.sqrt(D)
-def timeit(fn, reps=20, warm=3):
-    for _ in range(warm): fn()
-    torch.cuda.synchronize(); ts = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True); b = torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); torch.cuda.synchronize(); ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
-ntok = torch.randint(20, 200, (B,), device=dev)
-tok_valid = torch.arange(200, device=dev)[None] < ntok[:, None]
-pvalid = torch.cat([torch.ones(B, IMG, dtype=torch.bool, device=dev), tok_valid], 1)
-valid = torch.cat([pvalid, torch.ones(B, S, dtype=torch.bool, device=dev)], 1)
-block = torch.cat([torch.zeros(P, dtype=torch.long, device=dev), torch.ones(S, dtype=torch.long, device=dev)])
-allowed = block[None] <= block[:, None]
-eye = torch.eye(N, dtype=torch.bool, device=dev)
-mask = ((allowed[None] & valid[:, None]) | eye)[:, None]
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from attn_common import *  # noqa: E402,F401,F403 (shapes, timeit, the mask)
 Lp = pvalid.sum(1).to(torch.int32)
 i32 = torch.int32
 cu_q_p = torch.arange(0, B + 1, device=dev, dtype=i32) * P

@@ -262,6 +262,27 @@ struct HandModel {
   }
 };
 
+// The mean of the two ranks' hand-computed gradients at `indices`, per step of 4; the step `bf16_step` as the bf16
+// reduction gives it (each rank's gradient rounded to bf16, averaged, back to fp32).
+std::vector<torch::Tensor> hand_means(void (HandModel::*backward)(int, int64_t), const std::vector<size_t>& indices,
+                                      int64_t bf16_step) {
+  HandModel hand;
+  std::vector<torch::Tensor> expected;
+  for (int64_t step = 0; step < 4; ++step) {
+    (hand.*backward)(0, step);
+    const auto g0 = hand.take_grads();
+    (hand.*backward)(1, step);
+    const auto g1 = hand.take_grads();
+    for (size_t i : indices) {
+      if (step == bf16_step)
+        expected.push_back(((g0[i].to(torch::kBFloat16) + g1[i].to(torch::kBFloat16)) / 2).to(torch::kFloat32));
+      else
+        expected.push_back((g0[i] + g1[i]) / 2);
+    }
+  }
+  return expected;
+}
+
 // Bitwise equality of saved gradient lists, naming the first difference.
 void require_equal_lists(const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& expected,
                          const std::string& label) {
@@ -751,20 +772,7 @@ TEST_CASE("Copy-free all-reduce over Gloo: gradients reduced in place equal the 
   REQUIRE(codes == std::vector<int>{0, 0});
 
   // Reference by hand: each rank's gradients of a, b, q, k (b zero on rank 1), averaged; step 3 in bf16.
-  HandModel hand;
-  std::vector<torch::Tensor> expected;
-  for (int64_t step = 0; step < 4; ++step) {
-    hand.backward_dense(0, step);
-    const auto g0 = hand.take_grads();
-    hand.backward_dense(1, step);
-    const auto g1 = hand.take_grads();
-    for (size_t i = 0; i < 4; ++i) {
-      if (step < 3)
-        expected.push_back((g0[i] + g1[i]) / 2);
-      else
-        expected.push_back(((g0[i].to(torch::kBFloat16) + g1[i].to(torch::kBFloat16)) / 2).to(torch::kFloat32));
-    }
-  }
+  const auto expected = hand_means(&HandModel::backward_dense, {0, 1, 2, 3}, /*bf16_step=*/3);
   for (int rank = 0; rank < 2; ++rank) {
     std::vector<torch::Tensor> got;
     torch::load(got, dir + "/grads" + std::to_string(rank) + ".pt");
@@ -792,20 +800,7 @@ TEST_CASE("Row-sparse all-reduce over Gloo: the embedding's union of rows gives 
   INFO(worker_logs(dir, 2));
   REQUIRE(codes == std::vector<int>{0, 0});
 
-  HandModel hand;
-  std::vector<torch::Tensor> expected;
-  for (int64_t step = 0; step < 4; ++step) {
-    hand.backward_rows(0, step);
-    const auto g0 = hand.take_grads();
-    hand.backward_rows(1, step);
-    const auto g1 = hand.take_grads();
-    for (size_t i : {size_t{4}, size_t{5}}) {
-      if (step == 2)
-        expected.push_back(((g0[i].to(torch::kBFloat16) + g1[i].to(torch::kBFloat16)) / 2).to(torch::kFloat32));
-      else
-        expected.push_back((g0[i] + g1[i]) / 2);
-    }
-  }
+  const auto expected = hand_means(&HandModel::backward_rows, {4, 5}, /*bf16_step=*/2);
   for (int rank = 0; rank < 2; ++rank) {
     std::vector<torch::Tensor> got;
     torch::load(got, dir + "/grads" + std::to_string(rank) + ".pt");
