@@ -94,8 +94,11 @@ struct Comm {
   std::string source;
 };
 
+// measured_unit_bytes: bytes per named unit as the profile's communication section measured them (same world size):
+// a unit whose measured bytes are below its parameters' (the token embedding's gradient is all-reduced over the rows
+// looked up, trainer/grad_buckets.h) has its pieces scaled down to them.
 std::vector<CommPiece> comm_pieces(const CostModel& m, int64_t batch, const std::vector<int>& recompute,
-                                   const Recipe& recipe) {
+                                   const Recipe& recipe, const std::map<std::string, double>& measured_unit_bytes) {
   const double param_elem = recipe.model_options.precision == formats::Precision::kBf16 ? 2.0 : 4.0;
   const double reduce_elem = recipe.distributed.reduce_dtype == formats::ReduceDtype::kBf16 ? 2.0 : 4.0;
   RecomputeProblem problem;
@@ -113,6 +116,14 @@ std::vector<CommPiece> comm_pieces(const CostModel& m, int64_t batch, const std:
         p.backward_ms += problem.items[static_cast<size_t>(u)].cost_ms;
     }
     out.push_back(std::move(p));
+  }
+  for (const auto& [unit, measured] : measured_unit_bytes) {
+    double dense = 0;
+    for (const CommPiece& p : out)
+      if (p.unit == unit) dense += p.grad_bytes;
+    if (dense <= 0 || measured >= dense) continue;
+    for (CommPiece& p : out)
+      if (p.unit == unit) p.grad_bytes *= measured / dense;
   }
   return out;
 }
@@ -302,6 +313,10 @@ PlanResult plan(const formats::Profile& profile, const std::string& file, const 
                            " needs the all-reduce bandwidth and the profile has no communication section");
     }
   }
+  // Bytes per named unit as measured (the profiled groups are named units when the profile ran the default groups).
+  std::map<std::string, double> measured_unit_bytes;
+  if (comm.on && profile.communication && profile.communication->world_size == o.world_size)
+    for (const auto& g : profile.communication->groups) measured_unit_bytes[g.name] = static_cast<double>(g.bytes);
   Recipe base = profile.recipe;
   base.rationale.clear();
   base.groups.clear();
@@ -311,7 +326,7 @@ PlanResult plan(const formats::Profile& profile, const std::string& file, const 
   const int grad_accum = base.batch.grad_accum;
   auto comm_exposed = [&](int64_t batch, const std::vector<int>& recompute) {
     if (!comm.on) return 0.0;
-    const std::vector<CommPiece> pieces = comm_pieces(priced, batch, recompute, base);
+    const std::vector<CommPiece> pieces = comm_pieces(priced, batch, recompute, base, measured_unit_bytes);
     return solve_groups(pieces, comm.options).exposed_ms;
   };
 
@@ -466,7 +481,7 @@ PlanResult plan(const formats::Profile& profile, const std::string& file, const 
   double exposed = 0;
   Recipe recipe = base;
   if (comm.on) {
-    const std::vector<CommPiece> pieces = comm_pieces(priced, batch, selection, base);
+    const std::vector<CommPiece> pieces = comm_pieces(priced, batch, selection, base, measured_unit_bytes);
     const GroupPlan def = simulate_groups(pieces, default_groups(pieces), comm.options);
     GroupPlan best = solve_groups(pieces, comm.options);
     // The named units unless the change hides a measurable amount (0.05 ms or 1% of the exposed time).

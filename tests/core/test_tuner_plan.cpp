@@ -245,6 +245,36 @@ TEST_CASE("several GPUs get communication groups that cover the model", "[tuner]
             .find("--allreduce-gbps") != std::string::npos);
 }
 
+TEST_CASE("a unit's measured all-reduce bytes replace its parameters' when smaller (the row-sparse embedding)",
+          "[tuner][plan][groups]") {
+  PlanOptions o = at_batch(32);
+  o.world_size = 2;
+  auto allreduce_ms = [](const PlanResult& r) {
+    for (const auto& item : r.recipe.rationale)
+      if (item.decision.rfind("groups:", 0) == 0) return item.numbers.at("allreduce_ms");
+    FAIL("no groups decision in the rationale");
+    return 0.0;
+  };
+  formats::Profile profile = synthetic();
+  formats::Communication comm;
+  comm.world_size = 2;
+  comm.allreduce_gbps = 100;
+  profile.communication = comm;
+  const double dense = allreduce_ms(plan(profile, kSynthetic, o));
+  // heads.in measured at 1 MB: the embedding's rows only.
+  profile.communication->groups.push_back({"heads.in", 1 << 20, 0.01});
+  const double measured = allreduce_ms(plan(profile, kSynthetic, o));
+  CHECK(measured < dense);
+  // Measured at another world size: not used.
+  profile.communication->world_size = 4;
+  profile.communication->allreduce_gbps = 100;
+  CHECK(allreduce_ms(plan(profile, kSynthetic, o)) == Approx(dense));
+  // Larger than the parameters (never scaled up).
+  profile.communication->world_size = 2;
+  profile.communication->groups.back().bytes = int64_t{1} << 40;
+  CHECK(allreduce_ms(plan(profile, kSynthetic, o)) == Approx(dense));
+}
+
 TEST_CASE("plan --grid writes ranked distinct candidates and compares measured runs", "[tuner][plan][grid]") {
   PlanOptions o;
   o.candidates = 4;
