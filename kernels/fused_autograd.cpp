@@ -83,6 +83,36 @@ std::vector<int64_t> keepdim_shape(const at::Tensor& t) {
 
 // ------------------------------------------------------------------------------------------------ RMSNorm
 
+// A residual norm node's incoming gradients: of h (the residual stream output; undefined when unused) and of y (the
+// norm output; zeros when unused), both dense, with h's width and rows.
+struct NormBwdInputs {
+  at::Tensor grad_h, grad_y;
+  int64_t width, rows;
+};
+NormBwdInputs norm_bwd_inputs(const variable_list& grads, const at::Tensor& h) {
+  const int64_t width = h.size(-1);
+  return {dense(grads[0]), dense(grads[1].defined() ? grads[1] : at::zeros_like(h)), width,
+          h.numel() / std::max<int64_t>(width, 1)};
+}
+
+#ifdef VLATUNE_HAVE_CUDA
+// The fields the RMSNorm and LayerNorm backward kernels share.
+template <typename Params>
+void fill_norm_bwd(Params& p, const NormBwdInputs& in, const at::Tensor& h, const at::Tensor& w32,
+                   const at::Tensor& rstd, at::Tensor& grad_x, at::Tensor& partials) {
+  p.dtype = act_dtype(h);
+  p.rows = in.rows;
+  p.width = in.width;
+  p.grad_y = in.grad_y.const_data_ptr();
+  p.grad_h = in.grad_h.defined() ? in.grad_h.const_data_ptr() : nullptr;
+  p.h = h.const_data_ptr();
+  p.weight = w32.const_data_ptr<float>();
+  p.rstd = rstd.const_data_ptr<float>();
+  p.grad_x = grad_x.data_ptr();
+  p.weight_partials = partials.data_ptr<float>();
+}
+#endif
+
 struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
   // Optional inputs travel as std::optional: a custom function rejects undefined tensor arguments.
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x_in, const std::optional<at::Tensor>& delta_in,
@@ -132,11 +162,7 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     const bool kernel = ctx->saved_data["kernel"].toBool();
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &h = saved[0], &weight = saved[1], &rstd = saved[2];
-    const at::Tensor grad_h = dense(grads[0]);
-    at::Tensor grad_y = grads[1];
-    if (!grad_y.defined()) grad_y = at::zeros_like(h);
-    grad_y = dense(grad_y);
-    const int64_t width = h.size(-1), rows = h.numel() / std::max<int64_t>(width, 1);
+    const auto [grad_h, grad_y, width, rows] = norm_bwd_inputs(grads, h);
     at::Tensor grad_x, grad_w;
     if (kernel) {
 #ifdef VLATUNE_HAVE_CUDA
@@ -145,16 +171,7 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
       grad_x = at::empty_like(h);
       at::Tensor partials = at::empty({rms_norm_bwd_blocks(rows), width}, h.options().dtype(at::kFloat));
       RmsNormBwdParams p;
-      p.dtype = act_dtype(h);
-      p.rows = rows;
-      p.width = width;
-      p.grad_y = grad_y.const_data_ptr();
-      p.grad_h = grad_h.defined() ? grad_h.const_data_ptr() : nullptr;
-      p.h = h.const_data_ptr();
-      p.weight = w32.const_data_ptr<float>();
-      p.rstd = rstd.const_data_ptr<float>();
-      p.grad_x = grad_x.data_ptr();
-      p.weight_partials = partials.data_ptr<float>();
+      fill_norm_bwd(p, {grad_h, grad_y, width, rows}, h, w32, rstd, grad_x, partials);
       launch_rms_norm_bwd(p, stream_of(h));
       grad_w = partials.sum(0).to(weight.scalar_type());
 #endif
@@ -228,11 +245,7 @@ struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
     const bool kernel = ctx->saved_data["kernel"].toBool();
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &h = saved[0], &weight = saved[1], &bias = saved[2], &mean = saved[3], &rstd = saved[4];
-    const at::Tensor grad_h = dense(grads[0]);
-    at::Tensor grad_y = grads[1];
-    if (!grad_y.defined()) grad_y = at::zeros_like(h);
-    grad_y = dense(grad_y);
-    const int64_t width = h.size(-1), rows = h.numel() / std::max<int64_t>(width, 1);
+    const auto [grad_h, grad_y, width, rows] = norm_bwd_inputs(grads, h);
     at::Tensor grad_x, grad_w, grad_b;
     if (kernel) {
 #ifdef VLATUNE_HAVE_CUDA
@@ -241,17 +254,8 @@ struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
       grad_x = at::empty_like(h);
       at::Tensor partials = at::empty({layer_norm_bwd_blocks(rows), 2, width}, h.options().dtype(at::kFloat));
       LayerNormBwdParams p;
-      p.dtype = act_dtype(h);
-      p.rows = rows;
-      p.width = width;
-      p.grad_y = grad_y.const_data_ptr();
-      p.grad_h = grad_h.defined() ? grad_h.const_data_ptr() : nullptr;
-      p.h = h.const_data_ptr();
-      p.weight = w32.const_data_ptr<float>();
+      fill_norm_bwd(p, {grad_h, grad_y, width, rows}, h, w32, rstd, grad_x, partials);
       p.mean = mean.const_data_ptr<float>();
-      p.rstd = rstd.const_data_ptr<float>();
-      p.grad_x = grad_x.data_ptr();
-      p.weight_partials = partials.data_ptr<float>();
       launch_layer_norm_bwd(p, stream_of(h));
       auto sums = partials.sum(0);  // [2, width]
       grad_w = sums.select(0, 0).to(weight.scalar_type());

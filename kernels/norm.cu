@@ -476,46 +476,23 @@ void check_width(const char* op, ActDtype dtype, int64_t width) {
                                 " (a multiple of 16 bytes, at most 4,096 vectors; call rms_norm_supported first)");
 }
 
-template <typename T>
-void rms_fwd_typed(const RmsNormFwdParams& p, cudaStream_t stream) {
-  dispatch_iters<T>(p, [&](auto iters, int threads) {
-    rms_norm_fwd_kernel<T, decltype(iters)::value><<<static_cast<unsigned>(p.rows), threads, 0, stream>>>(p);
-  });
-}
-template <typename T>
-void rms_bwd_typed(const RmsNormBwdParams& p, cudaStream_t stream) {
-  const auto blocks = static_cast<unsigned>(rms_norm_bwd_blocks(p.rows));
-  dispatch_iters<T>(p, [&](auto iters, int threads) {
-    rms_norm_bwd_kernel<T, decltype(iters)::value><<<blocks, threads, 0, stream>>>(p);
-  });
-}
-template <typename T>
-void ada_fwd_typed(const AdaRmsNormFwdParams& p, cudaStream_t stream) {
-  const auto rows = static_cast<unsigned>(p.batch * p.tokens);
-  dispatch_iters<T>(p, [&](auto iters, int threads) {
-    adarms_norm_fwd_kernel<T, decltype(iters)::value><<<rows, threads, 0, stream>>>(p);
-  });
-}
-template <typename T>
-void ada_bwd_typed(const AdaRmsNormBwdParams& p, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(adarms_norm_bwd_splits(p.tokens)), static_cast<unsigned>(p.batch));
-  dispatch_iters<T>(p, [&](auto iters, int threads) {
-    adarms_norm_bwd_kernel<T, decltype(iters)::value><<<grid, threads, 0, stream>>>(p);
-  });
-}
-
-template <typename T>
-void ln_fwd_typed(const LayerNormFwdParams& p, cudaStream_t stream) {
-  dispatch_iters<T>(p, [&](auto iters, int threads) {
-    layer_norm_fwd_kernel<T, decltype(iters)::value><<<static_cast<unsigned>(p.rows), threads, 0, stream>>>(p);
-  });
-}
-template <typename T>
-void ln_bwd_typed(const LayerNormBwdParams& p, cudaStream_t stream) {
-  const auto blocks = static_cast<unsigned>(layer_norm_bwd_blocks(p.rows));
-  dispatch_iters<T>(p, [&](auto iters, int threads) {
-    layer_norm_bwd_kernel<T, decltype(iters)::value><<<blocks, threads, 0, stream>>>(p);
-  });
+// Every launcher's frame: the width check, nothing for no rows, an NVTX range ("vlatune::<op>"), the dtype's
+// instantiation at the iteration count dispatch_iters picks for the width, and the launch check.
+// launch(zero, iters, threads) launches the kernel for T = decltype(zero).
+template <typename Params, typename Launch>
+void launch_norm(const char* op, const char* range_name, const Params& p, int64_t rows, Launch&& launch) {
+  check_width(op, p.dtype, p.width);
+  if (rows == 0) return;
+  NvtxRange range(range_name);
+  auto typed = [&](auto zero) {
+    dispatch_iters<decltype(zero)>(p, [&](auto iters, int threads) { launch(zero, iters, threads); });
+  };
+  if (p.dtype == ActDtype::kBf16) {
+    typed(__nv_bfloat16{});
+  } else {
+    typed(0.0f);
+  }
+  VLATUNE_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
@@ -529,27 +506,17 @@ int64_t layer_norm_bwd_blocks(int64_t rows) {
 }
 
 void launch_layer_norm_fwd(const LayerNormFwdParams& p, CUstream_st* stream) {
-  check_width("launch_layer_norm_fwd", p.dtype, p.width);
-  if (p.rows == 0) return;
-  NvtxRange range("vlatune::layer_norm_fwd");
-  if (p.dtype == ActDtype::kBf16) {
-    ln_fwd_typed<__nv_bfloat16>(p, stream);
-  } else {
-    ln_fwd_typed<float>(p, stream);
-  }
-  VLATUNE_CUDA_CHECK(cudaGetLastError());
+  launch_norm("launch_layer_norm_fwd", "vlatune::layer_norm_fwd", p, p.rows, [&](auto zero, auto iters, int threads) {
+    layer_norm_fwd_kernel<decltype(zero), decltype(iters)::value>
+        <<<static_cast<unsigned>(p.rows), threads, 0, stream>>>(p);
+  });
 }
 
 void launch_layer_norm_bwd(const LayerNormBwdParams& p, CUstream_st* stream) {
-  check_width("launch_layer_norm_bwd", p.dtype, p.width);
-  if (p.rows == 0) return;
-  NvtxRange range("vlatune::layer_norm_bwd");
-  if (p.dtype == ActDtype::kBf16) {
-    ln_bwd_typed<__nv_bfloat16>(p, stream);
-  } else {
-    ln_bwd_typed<float>(p, stream);
-  }
-  VLATUNE_CUDA_CHECK(cudaGetLastError());
+  const auto blocks = static_cast<unsigned>(layer_norm_bwd_blocks(p.rows));
+  launch_norm("launch_layer_norm_bwd", "vlatune::layer_norm_bwd", p, p.rows, [&](auto zero, auto iters, int threads) {
+    layer_norm_bwd_kernel<decltype(zero), decltype(iters)::value><<<blocks, threads, 0, stream>>>(p);
+  });
 }
 
 bool rms_norm_supported(ActDtype dtype, int64_t width) {
@@ -566,51 +533,33 @@ int64_t adarms_norm_bwd_splits(int64_t tokens) {
 }
 
 void launch_rms_norm_fwd(const RmsNormFwdParams& p, CUstream_st* stream) {
-  check_width("launch_rms_norm_fwd", p.dtype, p.width);
-  if (p.rows == 0) return;
-  NvtxRange range("vlatune::rms_norm_fwd");
-  if (p.dtype == ActDtype::kBf16) {
-    rms_fwd_typed<__nv_bfloat16>(p, stream);
-  } else {
-    rms_fwd_typed<float>(p, stream);
-  }
-  VLATUNE_CUDA_CHECK(cudaGetLastError());
+  launch_norm("launch_rms_norm_fwd", "vlatune::rms_norm_fwd", p, p.rows, [&](auto zero, auto iters, int threads) {
+    rms_norm_fwd_kernel<decltype(zero), decltype(iters)::value>
+        <<<static_cast<unsigned>(p.rows), threads, 0, stream>>>(p);
+  });
 }
 
 void launch_rms_norm_bwd(const RmsNormBwdParams& p, CUstream_st* stream) {
-  check_width("launch_rms_norm_bwd", p.dtype, p.width);
-  if (p.rows == 0) return;
-  NvtxRange range("vlatune::rms_norm_bwd");
-  if (p.dtype == ActDtype::kBf16) {
-    rms_bwd_typed<__nv_bfloat16>(p, stream);
-  } else {
-    rms_bwd_typed<float>(p, stream);
-  }
-  VLATUNE_CUDA_CHECK(cudaGetLastError());
+  const auto blocks = static_cast<unsigned>(rms_norm_bwd_blocks(p.rows));
+  launch_norm("launch_rms_norm_bwd", "vlatune::rms_norm_bwd", p, p.rows, [&](auto zero, auto iters, int threads) {
+    rms_norm_bwd_kernel<decltype(zero), decltype(iters)::value><<<blocks, threads, 0, stream>>>(p);
+  });
 }
 
 void launch_adarms_norm_fwd(const AdaRmsNormFwdParams& p, CUstream_st* stream) {
-  check_width("launch_adarms_norm_fwd", p.dtype, p.width);
-  if (p.batch * p.tokens == 0) return;
-  NvtxRange range("vlatune::adarms_norm_fwd");
-  if (p.dtype == ActDtype::kBf16) {
-    ada_fwd_typed<__nv_bfloat16>(p, stream);
-  } else {
-    ada_fwd_typed<float>(p, stream);
-  }
-  VLATUNE_CUDA_CHECK(cudaGetLastError());
+  const auto rows = static_cast<unsigned>(p.batch * p.tokens);
+  launch_norm("launch_adarms_norm_fwd", "vlatune::adarms_norm_fwd", p, p.batch * p.tokens,
+              [&](auto zero, auto iters, int threads) {
+                adarms_norm_fwd_kernel<decltype(zero), decltype(iters)::value><<<rows, threads, 0, stream>>>(p);
+              });
 }
 
 void launch_adarms_norm_bwd(const AdaRmsNormBwdParams& p, CUstream_st* stream) {
-  check_width("launch_adarms_norm_bwd", p.dtype, p.width);
-  if (p.batch * p.tokens == 0) return;
-  NvtxRange range("vlatune::adarms_norm_bwd");
-  if (p.dtype == ActDtype::kBf16) {
-    ada_bwd_typed<__nv_bfloat16>(p, stream);
-  } else {
-    ada_bwd_typed<float>(p, stream);
-  }
-  VLATUNE_CUDA_CHECK(cudaGetLastError());
+  const dim3 grid(static_cast<unsigned>(adarms_norm_bwd_splits(p.tokens)), static_cast<unsigned>(p.batch));
+  launch_norm("launch_adarms_norm_bwd", "vlatune::adarms_norm_bwd", p, p.batch * p.tokens,
+              [&](auto zero, auto iters, int threads) {
+                adarms_norm_bwd_kernel<decltype(zero), decltype(iters)::value><<<grid, threads, 0, stream>>>(p);
+              });
 }
 
 }  // namespace vlatune::kernels
