@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 10 on two GPUs in one device call (`nvidia-h200-x2`): builds vlatune (scripts/gpu-check.sh --build-only),
+# Issues 10 and 11: data-parallel runs on two (or --nproc N) GPUs in one device call (`nvidia-h200-x2`): builds vlatune (scripts/gpu-check.sh --build-only),
 # then, each under a timeout so that a hang cannot eat the call:
 #   (a) the distributed GPU test cases ("[gpu][distributed]": 2 ranks vs 1 GPU with grad_accum 2, NCCL);
 #   (b) `vlatune train`, full model, synthetic data, batch 32 per GPU, STEPS steps, no checkpoint written:
@@ -7,8 +7,8 @@
 #       recipes/pi05_libero_h200_x2.json (`vlatune plan --world-size 2`: the vision tower split per layer); 2 GPUs
 #       with one bucket after backward; the same three with NCCL_P2P_DISABLE=1 (NCCL through host memory: the
 #       PCIe-like link); with --nccl-channels LIST, the planned recipe on NVLink once per NCCL_MAX_NCHANNELS value;
-#   (c) `vlatune launch --nproc 2 -- profile` (short: no A/B, 2 GEMM repetitions) -> profile.json with the
-#       communication section, then `vlatune plan --world-size 2 --explain` on it;
+#   (c) `vlatune launch --nproc N -- profile` (short: no A/B, 2 GEMM repetitions) -> profile.json with the
+#       communication section, then `vlatune plan --world-size N --batch 32 --explain` on it;
 #   (d) a rank killed with SIGKILL mid-run (tiny model, processes started torchrun-style without launch): the
 #       survivor must exit non-zero within --dist-timeout plus a margin, with a message;
 # and prints a table last: samples/s (global), scaling vs 1 GPU, exposed communication (step_ms at 2 GPUs - step_ms
@@ -26,7 +26,11 @@
 #
 # Options: --steps N (default 12), --no-build (reuse build-gpu/ from an earlier call in the same session),
 #          --budget S (default 560), --only LIST (comma-separated subset of: tests,train,profile,kill),
-#          --nccl-channels LIST (comma-separated NCCL_MAX_NCHANNELS values to try on NVLink; none by default)
+#          --nccl-channels LIST (comma-separated NCCL_MAX_NCHANNELS values to try on NVLink; none by default),
+#          --nproc N (default 2: the data-parallel runs, the profile and the plan use N GPUs; issue 11's eight-GPU run
+#          is `--nproc 8` on `nvidia-h200-x8`). With N other than 2, the profile and the plan run first, and the
+#          "planned" runs train the recipe just planned for N GPUs at batch 32 ($OUT/plan_worldN.json) instead of
+#          the shipped two-GPU one. The rank-kill check and the test cases stay at two ranks.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root" || exit 1
@@ -37,7 +41,7 @@ build=1
 budget=560
 only="tests,train,profile,kill"
 channels=""
-planned="recipes/pi05_libero_h200_x2.json"
+nproc=2
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) steps="$2"; shift 2 ;;
@@ -45,9 +49,14 @@ while [ $# -gt 0 ]; do
     --budget) budget="$2"; shift 2 ;;
     --only) only="$2"; shift 2 ;;
     --nccl-channels) channels="$2"; shift 2 ;;
+    --nproc) nproc="$2"; shift 2 ;;
     *) echo "multi-gpu-check: unknown option '$1'" >&2; exit 4 ;;
   esac
 done
+[[ "$nproc" =~ ^[0-9]+$ ]] && [ "$nproc" -ge 2 ] || { echo "multi-gpu-check: --nproc must be >= 2" >&2; exit 4; }
+planned="recipes/pi05_libero_h200_x2.json"
+[ "$nproc" = 2 ] || planned="$out/plan_world${nproc}.json"
+np="${nproc}gpu"
 export NCCL_NVLS_ENABLE=0
 start=$(date +%s)
 elapsed() { echo $(( $(date +%s) - start )); }
@@ -117,51 +126,60 @@ run_train() {
   rm -rf "$dir"  # a full checkpoint is ~20 GB (none with --no-save; removed in any case)
   echo "train $label $rc $wall" >>"$out/results.txt"
 }
+# ---- (c) profile with the communication section, then the plan at world size N ----
+profile_and_plan() {
+  if ! fits 100; then
+    log "(c) profile: skipped (budget)"
+    echo "profile world$nproc skipped 0" >>"$out/results.txt"
+    return
+  fi
+  local prof=/tmp/mgc-profile
+  rm -rf "$prof"
+  log "(c) vlatune launch --nproc $nproc -- profile (full, batch 32)"
+  local t rc
+  t=$(date +%s)
+  # --dist-timeout covers the other ranks waiting at the final barrier while rank 0 alone times the GEMMs.
+  timeout -k 10 240 "$bin" launch --nproc "$nproc" -- profile --config full --batch 32 --steps 3 --warmup 1 \
+    --timed-steps 3 --trace-steps 1 --ab-steps 0 --gemm-reps 2 --dist-timeout 200 --out "$prof" \
+    >"$out/profile.log" 2>&1
+  rc=$?
+  grep -E "^profile: (batch|communication|no NCCL)|error|failed" "$out/profile.log" | tail -8
+  echo "profile world$nproc $rc $(( $(date +%s) - t ))" >>"$out/results.txt"
+  cp "$prof/profile.json" "$out/profile_world$nproc.json" 2>/dev/null
+  # The Perfetto trace of one traced step (NCCL kernels beside backward) when it is small enough to bring back.
+  [ -f "$prof/trace.json.gz" ] && [ "$(stat -c %s "$prof/trace.json.gz")" -lt 50000000 ] &&
+    cp "$prof/trace.json.gz" "$out/trace_world$nproc.json.gz"
+  if [ -f "$prof/profile.json" ]; then
+    log "(c) vlatune plan --world-size $nproc --batch 32 --explain"
+    timeout -k 5 60 "$bin" plan --profile "$prof/profile.json" --world-size "$nproc" --batch 32 --explain \
+      --out "$out/plan_world$nproc.json" >"$out/plan_world$nproc.log" 2>&1
+    echo "plan world$nproc $? 0" >>"$out/results.txt"
+    grep -i -E "communication|group|all-reduce|predicted" "$out/plan_world$nproc.log" | head -20
+  fi
+  rm -rf "$prof"
+}
+# With N other than 2 the planned runs need the plan made here first.
+[ "$nproc" != 2 ] && wants profile && profile_and_plan
+
 if wants train; then
   run_train 1gpu 1 --
-  run_train 2gpu_nvlink_groups 2 -- --dist-buckets groups
-  run_train 2gpu_nvlink_planned 2 -- --dist-buckets groups --recipe "$planned"
-  run_train 2gpu_nvlink_one 2 -- --dist-buckets one
-  run_train 2gpu_hostmem_groups 2 NCCL_P2P_DISABLE=1 -- --dist-buckets groups
-  run_train 2gpu_hostmem_planned 2 NCCL_P2P_DISABLE=1 -- --dist-buckets groups --recipe "$planned"
-  run_train 2gpu_hostmem_one 2 NCCL_P2P_DISABLE=1 -- --dist-buckets one
+  run_train "${np}_nvlink_groups" "$nproc" -- --dist-buckets groups
+  if [ -f "$planned" ]; then
+    run_train "${np}_nvlink_planned" "$nproc" -- --dist-buckets groups --recipe "$planned"
+  fi
+  run_train "${np}_nvlink_one" "$nproc" -- --dist-buckets one
+  run_train "${np}_hostmem_groups" "$nproc" NCCL_P2P_DISABLE=1 -- --dist-buckets groups
+  if [ -f "$planned" ]; then
+    run_train "${np}_hostmem_planned" "$nproc" NCCL_P2P_DISABLE=1 -- --dist-buckets groups --recipe "$planned"
+  fi
+  run_train "${np}_hostmem_one" "$nproc" NCCL_P2P_DISABLE=1 -- --dist-buckets one
   IFS=',' read -ra channel_list <<<"$channels"
   for c in ${channel_list[@]+"${channel_list[@]}"}; do
-    run_train "2gpu_nvlink_planned_ch$c" 2 "NCCL_MAX_NCHANNELS=$c" -- --dist-buckets groups --recipe "$planned"
+    run_train "${np}_nvlink_planned_ch$c" "$nproc" "NCCL_MAX_NCHANNELS=$c" -- --dist-buckets groups --recipe "$planned"
   done
 fi
 
-# ---- (c) profile with the communication section, then the plan at world size 2 ----
-if wants profile; then
-  if fits 100; then
-    prof=/tmp/mgc-profile
-    rm -rf "$prof"
-    log "(c) vlatune launch --nproc 2 -- profile (full, batch 32)"
-    t=$(date +%s)
-    # --dist-timeout covers rank 1 waiting at the final barrier while rank 0 alone times the GEMMs.
-    timeout -k 10 240 "$bin" launch --nproc 2 -- profile --config full --batch 32 --steps 3 --warmup 1 \
-      --timed-steps 3 --trace-steps 1 --ab-steps 0 --gemm-reps 2 --dist-timeout 200 --out "$prof" \
-      >"$out/profile.log" 2>&1
-    rc=$?
-    grep -E "^profile: (batch|communication|no NCCL)|error|failed" "$out/profile.log" | tail -8
-    echo "profile world2 $rc $(( $(date +%s) - t ))" >>"$out/results.txt"
-    cp "$prof/profile.json" "$out/profile_world2.json" 2>/dev/null
-    # The Perfetto trace of one traced step (NCCL kernels beside backward) when it is small enough to bring back.
-    [ -f "$prof/trace.json.gz" ] && [ "$(stat -c %s "$prof/trace.json.gz")" -lt 50000000 ] &&
-      cp "$prof/trace.json.gz" "$out/trace_world2.json.gz"
-    if [ -f "$prof/profile.json" ]; then
-      log "(c) vlatune plan --world-size 2 --explain"
-      timeout -k 5 60 "$bin" plan --profile "$prof/profile.json" --world-size 2 --explain \
-        --out "$out/plan_world2.json" >"$out/plan_world2.log" 2>&1
-      echo "plan world2 $? 0" >>"$out/results.txt"
-      grep -i -E "communication|group|all-reduce|predicted" "$out/plan_world2.log" | head -20
-    fi
-    rm -rf "$prof"
-  else
-    log "(c) profile: skipped (budget)"
-    echo "profile world2 skipped 0" >>"$out/results.txt"
-  fi
-fi
+[ "$nproc" = 2 ] && wants profile && profile_and_plan
 
 # ---- (d) a rank killed mid-run: the survivor ends with an error within the timeout ----
 if wants kill; then
@@ -212,7 +230,7 @@ fi
 
 log "summary"
 python3 - "$out" "$(elapsed)" <<'PY' | tee "$out/summary.txt"
-import json, os, statistics, sys
+import json, os, re, statistics, sys
 out, total = sys.argv[1], sys.argv[2]
 results = [l.split() for l in open(os.path.join(out, "results.txt")) if l.strip()]
 def run(label):
@@ -227,13 +245,15 @@ def startup(label, wall):
     return "%.0f" % (float(wall) - s)
 base = run("1gpu")
 base_sps, base_ms = (base or {}).get("samples_per_s_median"), step_ms(base)
-names = {"1gpu": "1 GPU", "2gpu_nvlink_groups": "2 GPU NVLink, per-group buckets",
-         "2gpu_nvlink_planned": "2 GPU NVLink, planned groups",
-         "2gpu_nvlink_one": "2 GPU NVLink, one bucket", "2gpu_hostmem_groups": "2 GPU host mem (P2P off), per-group",
-         "2gpu_hostmem_planned": "2 GPU host mem (P2P off), planned groups",
-         "2gpu_hostmem_one": "2 GPU host mem (P2P off), one bucket"}
-for label in [l.split()[1] for l in open(os.path.join(out, "results.txt")) if l.startswith("train 2gpu_nvlink_planned_ch")]:
-    names[label] = "2 GPU NVLink, planned, NCCL_MAX_NCHANNELS=" + label.rsplit("_ch", 1)[1]
+def label_name(label):
+    # "1gpu", "<N>gpu_<link>_<groups|planned|one>[_ch<C>]" -> a row title
+    m = re.match(r"(\d+)gpu(?:_(nvlink|hostmem)_(groups|planned|one)(?:_ch(\d+))?)?$", label)
+    if not m: return label
+    n, link, kind, ch = m.groups()
+    if not link: return "%s GPU" % n
+    text = "%s GPU %s, %s" % (n, "NVLink" if link == "nvlink" else "host mem (P2P off)",
+                              {"groups": "per-group buckets", "planned": "planned groups", "one": "one bucket"}[kind])
+    return text + (", NCCL_MAX_NCHANNELS=" + ch if ch else "")
 rows = [("run", "rc", "samples/s (global)", "scaling", "exposed ms", "% of step", "peak GiB", "step ms", "wall s",
          "start-up s")]
 for kind, label, rc, wall, *rest in results:
@@ -243,26 +263,27 @@ for kind, label, rc, wall, *rest in results:
     world = (r or {}).get("environment", {}).get("world_size", 1)
     scaling = "%.3f" % (sps / (world * base_sps)) if sps and base_sps and world > 1 else "-"
     exposed = ms - base_ms if ms and base_ms and world > 1 else None
-    rows.append((names.get(label, label), rc, "%.2f" % sps if sps else "-", scaling,
+    rows.append((label_name(label), rc, "%.2f" % sps if sps else "-", scaling,
                  "%.1f" % exposed if exposed is not None else "-",
                  "%.1f%%" % (100 * exposed / ms) if exposed is not None else "-",
                  "%.2f" % r["peak_gib"] if r and r.get("peak_gib") else "-", "%.1f" % ms if ms else "-", wall,
                  startup(label, wall) if rc != "skipped" else "-"))
 w = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
 for row in rows: print("  ".join(str(c).ljust(w[i]) for i, c in enumerate(row)))
-print("(exposed = median step_ms at 2 GPUs - at 1 GPU, same per-GPU batch 32; scaling = samples/s / (2 x 1 GPU's);"
+print("(exposed = median step_ms at N GPUs - at 1 GPU, same per-GPU batch 32; scaling = samples/s / (N x 1 GPU's);"
       " reference DDP: NVLink 0.996 / 0.967, host memory 0.874 / 0.783; targets >= 0.99 NVLink, >= 0.92 host memory,"
       " exposed <= 5% on NVLink)")
-p = os.path.join(out, "profile_world2.json")
+profiles = sorted(f for f in os.listdir(out) if re.match(r"profile_world\d+\.json$", f))
+p = os.path.join(out, profiles[0]) if profiles else ""
 if os.path.exists(p):
     c = json.load(open(p)).get("communication")
     if c:
         mib = sum(g["bytes"] for g in c["groups"]) / 2**20
         ms = sum(g["allreduce_ms"] for g in c["groups"])
-        print("profile (2 GPUs, traced): %d groups, %.0f MiB, all-reduce %.2f ms/step, bus %.1f GB/s, exposed %.2f ms/step"
-              % (len(c["groups"]), mib, ms, c["allreduce_gbps"], c["exposed_ms"]))
+        print("profile (%d GPUs, traced): %d groups, %.0f MiB, all-reduce %.2f ms/step, bus %.1f GB/s, exposed %.2f ms/step"
+              % (c.get("world_size", 0), len(c["groups"]), mib, ms, c["allreduce_gbps"], c["exposed_ms"]))
     else:
-        print("profile (2 GPUs): NO communication section (see profile.log)")
+        print("profile (%s): NO communication section (see profile.log)" % os.path.basename(p))
 for kind, label, rc, wall, *rest in results:
     if kind == "kill":
         verdict = ("PASS (exited non-zero after the peer died)" if rc not in ("0", "HANG", "skipped")
