@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issues 10 and 11: data-parallel runs on two (or --nproc N) GPUs in one device call (`nvidia-h200-x2`): builds vlatune (scripts/gpu-check.sh --build-only),
-# then, each under a timeout so that a hang cannot eat the call:
+# Issues 10 and 11: data-parallel runs on two (or --nproc N) GPUs in one device call (`nvidia-h200-x2`). Builds
+# vlatune (scripts/gpu-check.sh --build-only), then, each under a timeout so that a hang cannot eat the call:
 #   (a) the distributed GPU test cases ("[gpu][distributed]": 2 ranks vs 1 GPU with grad_accum 2, NCCL);
 #   (b) `vlatune train`, full model, synthetic data, batch 32 per GPU, STEPS steps, no checkpoint written:
 #       1 GPU; 2 GPUs with per-group buckets (the named units); 2 GPUs with the planned groups of
