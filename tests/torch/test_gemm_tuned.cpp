@@ -50,6 +50,17 @@ LinearRun run_linear(Fn&& fn, const torch::Tensor& x0, const torch::Tensor& w0, 
   return {y.detach(), x.grad(), w.grad(), b.defined() ? b.grad() : torch::Tensor()};
 }
 
+// tuned_linear against at::linear: output and the gradients of x, w and b (b may be undefined), bit for bit.
+void check_linear_is_aten(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                          const torch::Tensor& seed) {
+  auto got = run_linear([](auto& x, auto& w, auto& b) { return k::tuned_linear(x, w, b); }, x, w, b, seed);
+  auto ref = run_linear([](auto& x, auto& w, auto& b) { return at::linear(x, w, b); }, x, w, b, seed);
+  CHECK(bitwise_equal(got.y, ref.y));
+  CHECK(bitwise_equal(got.dx, ref.dx));
+  CHECK(bitwise_equal(got.dw, ref.dw));
+  CHECK(bitwise_equal(got.db, ref.db));
+}
+
 size_t record_count() {
   return k::gemm_tuning_records().size();
 }
@@ -67,12 +78,7 @@ TEST_CASE("tuned_linear on the CPU is at::linear bitwise, forward and backward, 
   const size_t records = record_count();
   auto x = randn({3, 7, 24}, dtype), w = randn({10, 24}, dtype) / 5, seed = randn({3, 7, 10}, dtype);
   auto b = with_bias ? randn({10}, dtype) : torch::Tensor();
-  auto got = run_linear([](auto& x, auto& w, auto& b) { return k::tuned_linear(x, w, b); }, x, w, b, seed);
-  auto ref = run_linear([](auto& x, auto& w, auto& b) { return at::linear(x, w, b); }, x, w, b, seed);
-  CHECK(bitwise_equal(got.y, ref.y));
-  CHECK(bitwise_equal(got.dx, ref.dx));
-  CHECK(bitwise_equal(got.dw, ref.dw));
-  CHECK(bitwise_equal(got.db, ref.db));
+  check_linear_is_aten(x, w, b, seed);
   // The autograd-free forward of the custom functions is at::linear too.
   CHECK(bitwise_equal(k::tuned_linear_forward(x, w, b), at::linear(x, w, b)));
   // A non-contiguous (transposed) input takes at::linear's matmul path: still the same op.
@@ -294,12 +300,7 @@ TEST_CASE("With tuning off the tuned entry points give ATen's results bitwise", 
   const auto dtype = torch::kBFloat16;
   auto x = dev(randn({4, 150, 1152}), dtype), w = dev(randn({4304, 1152}) / 32, dtype), b = dev(randn({4304}), dtype);
   auto seed = dev(randn({4, 150, 4304}), dtype);
-  auto got = run_linear([](auto& x, auto& w, auto& b) { return k::tuned_linear(x, w, b); }, x, w, b, seed);
-  auto ref = run_linear([](auto& x, auto& w, auto& b) { return at::linear(x, w, b); }, x, w, b, seed);
-  CHECK(bitwise_equal(got.y, ref.y));
-  CHECK(bitwise_equal(got.dx, ref.dx));
-  CHECK(bitwise_equal(got.dw, ref.dw));
-  CHECK(bitwise_equal(got.db, ref.db));
+  check_linear_is_aten(x, w, b, seed);
   auto g = seed.reshape({-1, 4304}), x2 = x.reshape({-1, 1152});
   CHECK(bitwise_equal(k::tuned_mm(g, w), at::mm(g, w)));
   auto r = k::tuned_mm_row_sums(g.t(), x2);

@@ -54,6 +54,15 @@ void check_identical(const Step& got, const Step& ref) {
   CHECK(differing == 0);
 }
 
+// Run by run: as many steps, each bit for bit (`what` labels the step in a failure).
+void check_identical(const std::vector<Step>& got, const std::vector<Step>& ref, const std::string& what = "step") {
+  REQUIRE(got.size() == ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) {
+    INFO(what << " " << i);
+    check_identical(got[i], ref[i]);
+  }
+}
+
 // fp32 inputs (the model casts them to its compute dtype), drawn on the CPU and moved to `device`.
 Pi05Batch tiny_batch(uint64_t seed, torch::Device device = torch::kCPU) {
   torch::Generator gen = at::detail::createCPUGenerator(seed);
@@ -179,10 +188,7 @@ TEST_CASE("Recomputing the gate+up output under FP8 gives bit-identical loss and
   };
   const auto ref = run({});
   const auto got = run({gate_up(0), gate_up(1)});
-  for (size_t i = 0; i < ref.size(); ++i) {
-    INFO("step " << i);
-    check_identical(got[i], ref[i]);
-  }
+  check_identical(got, ref);
   net->set_fp8({});
   net->set_recompute({});
 }
@@ -220,10 +226,7 @@ void check_fused_geglu_casts(Pi05Impl& net, const Pi05Batch& batch, const Forwar
     CHECK(pending_grads_taken(net) == 0);
     const auto got = run(true);
     CHECK(pending_grads_taken(net) == steps);  // layer 0's MLP (layer 1's is dead work with skip_dead)
-    for (size_t i = 0; i < ref.size(); ++i) {
-      INFO("step " << i);
-      check_identical(got[i], ref[i]);
-    }
+    check_identical(got, ref);
   }
   net.set_fp8({});
   net.set_recompute({});
@@ -330,15 +333,9 @@ TEST_CASE("On the GPU, recomputing the gate+up output gives bit-identical gradie
   };
   const auto ref = run({});
   const auto again = run({});
-  for (size_t i = 0; i < ref.size(); ++i) {
-    INFO("reproducibility of the baseline itself, step " << i);
-    check_identical(again[i], ref[i]);
-  }
+  check_identical(again, ref, "reproducibility of the baseline itself, step");
   const auto got = run({gate_up(0), gate_up(1)});
-  for (size_t i = 0; i < ref.size(); ++i) {
-    INFO("step " << i);
-    check_identical(got[i], ref[i]);
-  }
+  check_identical(got, ref);
   net->set_fp8({});
   net->set_recompute({});
 #else
