@@ -10,17 +10,13 @@
 
 #include "kernels/fused_ops.h"
 #include "model/pi05.h"
+#include "tensor_test_util.h"
 
 namespace {
 
 namespace k = vlatune::kernels;
 
-double rel_err(const torch::Tensor& got, const torch::Tensor& ref) {
-  auto g = got.detach().to(torch::kCPU, torch::kFloat64), r = ref.detach().to(torch::kCPU, torch::kFloat64);
-  const double den = r.norm().item<double>();
-  const double num = (g - r).norm().item<double>();
-  return den == 0 ? num : num / den;
-}
+using vlatune::test::rel_err;
 
 bool all_finite(const torch::Tensor& t) {
   return torch::isfinite(t.detach().to(torch::kFloat32)).all().item<bool>();

@@ -14,6 +14,7 @@
 #include "kernels/fused_ops.h"
 #include "kernels/gemm_tuned.h"
 #include "model/layers.h"
+#include "tensor_test_util.h"
 
 namespace {
 
@@ -23,12 +24,7 @@ torch::Tensor randn(std::vector<int64_t> shape, torch::Dtype dtype = torch::kFlo
   return torch::randn(shape, torch::TensorOptions().dtype(torch::kFloat64)).to(dtype);
 }
 
-double rel_err(const torch::Tensor& got, const torch::Tensor& ref) {
-  auto g = got.detach().to(torch::kCPU, torch::kFloat64), r = ref.detach().to(torch::kCPU, torch::kFloat64);
-  const double den = r.norm().item<double>();
-  const double num = (g - r).norm().item<double>();
-  return den == 0 ? num : num / den;
-}
+using vlatune::test::rel_err;
 
 bool bitwise_equal(const torch::Tensor& a, const torch::Tensor& b) {
   return a.defined() == b.defined() && (!a.defined() || (a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&

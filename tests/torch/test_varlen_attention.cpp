@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/varlen_attention.h"
+#include "tensor_test_util.h"
 
 namespace {
 
@@ -109,15 +110,12 @@ TEST_CASE("varlen_attention matches the masked fp64 reference on valid rows, gra
   (out.to(torch::kFloat64).cpu().view({b, tq, h, d}) * seed).sum().backward();
   (ref * seed).sum().backward();
 
-  auto rel = [](const torch::Tensor& got, const torch::Tensor& want) {
-    auto g = got.detach().cpu().to(torch::kFloat64), w = want.detach().cpu().to(torch::kFloat64);
-    return (g - w).norm().item<double>() / w.norm().item<double>();
-  };
   auto rows = row_valid.reshape({-1});
-  CHECK(rel(out.view({b * tq, h, d}).cpu().index({rows}), ref.reshape({b * tq, h, d}).index({rows})) < 1e-2);
-  CHECK(rel(q.grad(), q64.grad().transpose(1, 2).reshape({b * tq, h, d})) < 2e-2);
-  CHECK(rel(kk.grad(), k64.grad().transpose(1, 2).reshape({b * n, hk, d})) < 2e-2);
-  CHECK(rel(v.grad(), v64.grad().transpose(1, 2).reshape({b * n, hk, d})) < 2e-2);
+  CHECK(vlatune::test::rel_err(out.view({b * tq, h, d}).cpu().index({rows}),
+                               ref.reshape({b * tq, h, d}).index({rows})) < 1e-2);
+  CHECK(vlatune::test::rel_err(q.grad(), q64.grad().transpose(1, 2).reshape({b * tq, h, d})) < 2e-2);
+  CHECK(vlatune::test::rel_err(kk.grad(), k64.grad().transpose(1, 2).reshape({b * n, hk, d})) < 2e-2);
+  CHECK(vlatune::test::rel_err(v.grad(), v64.grad().transpose(1, 2).reshape({b * n, hk, d})) < 2e-2);
   // Keys no query may see (padded prefix positions) get exactly zero gradient.
   auto dead_keys = valid.logical_not().reshape({-1});
   CHECK(kk.grad().cpu().index({dead_keys}).abs().max().item<float>() == 0.0f);
