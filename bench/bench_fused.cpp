@@ -5,10 +5,13 @@
 // variants, so the two compare directly and against BM_copy_bf16 (read + write of a device-to-device copy, the
 // H200's practical ceiling, measured in the same run).
 //   vlatune_bench --benchmark_filter='fused|copy' --benchmark_repetitions=10
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "bench/gpu_timing.h"
 #include "kernels/fused_ops.h"
+#include "kernels/varlen_attention.h"
 
 namespace {
 
@@ -232,8 +235,62 @@ void BM_fused_gelu(benchmark::State& state) {
 #endif
 }
 
+// The joint attention of one decoder layer (q 8 heads, one K/V head, head_dim 256) at batch 32 with the step's
+// prefix (2 images + 200 text positions, 20-199 of them real, seeded) and 50 action tokens. Arg `impl`: 0 = SDPA
+// with the [B, 1, N, N] boolean mask (what ran before the varlen backends), 1 = FlashAttention-2 varlen, 2 = cuDNN
+// padding masks (varlen_attention.h). No GB/s: attention is compute-bound; compare ms.
+void BM_joint_attention(benchmark::State& state) {
+  if (!require_cuda(state)) return;
+#ifdef VLATUNE_HAVE_CUDA
+  const int64_t impl = state.range(0);
+  const bool backward = state.range(1) == 1;
+  constexpr int64_t kText = 200, kImage = 2 * kVitTokens, p = kImage + kText, n = p + kSuffix;
+  torch::manual_seed(0);
+  auto text_len = torch::randint(20, kText, {kBatch, 1});
+  auto valid = torch::cat({torch::ones({kBatch, kImage}, torch::kBool), torch::arange(kText).unsqueeze(0) < text_len,
+                           torch::ones({kBatch, kSuffix}, torch::kBool)},
+                          1)
+                   .to(torch::kCUDA);
+  const double scale = 1.0 / 16;
+  auto in = std::vector<torch::Tensor>{rnd({kBatch * n, kHeads, kHeadDim}), rnd({kBatch * n, kKvHeads, kHeadDim}),
+                                       rnd({kBatch * n, kKvHeads, kHeadDim})};
+  std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor>&)> fn;
+  if (impl == 0) {
+    auto block = torch::cat({torch::zeros({p}, torch::kLong), torch::ones({kSuffix}, torch::kLong)}).to(torch::kCUDA);
+    auto eye = torch::eye(n, torch::TensorOptions().dtype(torch::kBool).device(torch::kCUDA));
+    auto mask = (((block.unsqueeze(0) <= block.unsqueeze(1)).unsqueeze(0) & valid.unsqueeze(1)) | eye).unsqueeze(1);
+    fn = [mask, scale](const std::vector<torch::Tensor>& x) {
+      auto heads = [](const torch::Tensor& t) { return t.view({kBatch, n, t.size(1), kHeadDim}).transpose(1, 2); };
+      return std::vector<torch::Tensor>{at::scaled_dot_product_attention(
+          heads(x[0]), heads(x[1]), heads(x[2]), mask, 0.0, false, scale, /*enable_gqa=*/true)};
+    };
+  } else {
+    const auto backend = impl == 2 ? k::VarlenBackend::kCudnn : k::VarlenBackend::kFlash;
+    auto layout = std::make_shared<k::VarlenLayout>(k::joint_varlen_layout(valid, p, true, backend));
+    fn = [layout, scale](const std::vector<torch::Tensor>& x) {
+      return k::varlen_attention(x[0], x[1], x[2], *layout, scale);
+    };
+  }
+  if (backward) {
+    auto leaf = leaves(in);
+    auto outs = fn(leaf);
+    std::vector<torch::Tensor> seeds;
+    for (const auto& o : outs) seeds.push_back(rnd(o.sizes().vec()));
+    run_gpu_timed(state, [&] { fwd_bwd(fn, leaf, seeds); });
+  } else {
+    torch::NoGradGuard no_grad;
+    run_gpu_timed(state, [&] { (void)fn(in); });
+  }
+#endif
+}
+
 }  // namespace
 
+BENCHMARK(BM_joint_attention)
+    ->ArgNames({"impl", "bwd"})
+    ->ArgsProduct({{0, 1, 2}, {0, 1}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_copy_bf16)->UseManualTime()->Unit(benchmark::kMillisecond);
 #define VLATUNE_FUSED_BENCH(name)     \
   BENCHMARK(name)                     \

@@ -138,4 +138,27 @@ if(VLATUNE_HAVE_CUDA)
   target_include_directories(vlatune_nccl INTERFACE "${VLATUNE_NCCL_INCLUDE}")
   target_link_libraries(vlatune_nccl INTERFACE "${VLATUNE_NCCL_LIBRARY}")
   message(STATUS "vlatune: CUPTI ${VLATUNE_CUPTI_LIBRARY}, NCCL ${VLATUNE_NCCL_LIBRARY}")
+
+  # cuDNN (the wheel's copy, which torch loads) and the header-only cudnn_frontend (PyPI nvidia-cudnn-frontend,
+  # installed by scripts/setup.sh; on the GPU machine from .deps, scripts/pack-deps.sh): the joint attention's
+  # padding-mask kernels (kernels/cudnn_sdpa.h). Optional: without them that attention runs FlashAttention-2.
+  find_library(VLATUNE_CUDNN_LIBRARY NAMES libcudnn.so.9 PATHS ${VLATUNE_NVIDIA_LIB_DIRS} NO_DEFAULT_PATH)
+  find_path(VLATUNE_CUDNN_INCLUDE cudnn.h PATHS "${VLATUNE_SITE_PACKAGES}/nvidia/cudnn/include"
+            "${VLATUNE_SITE_PACKAGES}/nvidia/cu13/include" NO_DEFAULT_PATH)
+  find_path(VLATUNE_CUDNN_FRONTEND_INCLUDE cudnn_frontend.h
+            PATHS "${VLATUNE_SITE_PACKAGES}/include" "${PROJECT_SOURCE_DIR}/.deps/cudnn_frontend/include"
+            NO_DEFAULT_PATH)
+  if(VLATUNE_CUDNN_LIBRARY AND VLATUNE_CUDNN_INCLUDE AND VLATUNE_CUDNN_FRONTEND_INCLUDE)
+    set(VLATUNE_HAVE_CUDNN_FRONTEND ON)
+    add_library(vlatune_cudnn_frontend INTERFACE)
+    target_include_directories(vlatune_cudnn_frontend SYSTEM INTERFACE "${VLATUNE_CUDNN_FRONTEND_INCLUDE}"
+                                                                         "${VLATUNE_CUDNN_INCLUDE}")
+    target_link_libraries(vlatune_cudnn_frontend INTERFACE "${VLATUNE_CUDNN_LIBRARY}" vlatune_cudart)
+    target_compile_definitions(vlatune_cudnn_frontend INTERFACE VLATUNE_HAVE_CUDNN_FRONTEND=1)
+    message(STATUS "vlatune: cuDNN ${VLATUNE_CUDNN_LIBRARY}, frontend ${VLATUNE_CUDNN_FRONTEND_INCLUDE}")
+  else()
+    set(VLATUNE_HAVE_CUDNN_FRONTEND OFF)
+    message(STATUS "vlatune: no cudnn_frontend.h or libcudnn (run scripts/setup.sh): the joint attention uses "
+                   "FlashAttention-2")
+  endif()
 endif()

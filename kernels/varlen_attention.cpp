@@ -1,16 +1,23 @@
-// Varlen joint attention (varlen_attention.h): the layout built on the device, the autograd node around ATen's
-// FlashAttention-2 varlen kernels.
+// Varlen joint attention (varlen_attention.h): the layouts built on the device, the autograd nodes around ATen's
+// FlashAttention-2 varlen kernels and around cuDNN's padding-mask kernels (cudnn_sdpa.h), the backend choice.
 #include "kernels/varlen_attention.h"
 
 #include <torch/torch.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #ifdef VLATUNE_HAVE_CUDA
 #include <ATen/cuda/CUDAContext.h>
+
+#include "kernels/cudnn_sdpa.h"
 #endif
 
 namespace vlatune::kernels {
@@ -70,9 +77,184 @@ struct VarlenAttentionFn : public torch::autograd::Function<VarlenAttentionFn> {
   }
 };
 
+#ifdef VLATUNE_HAVE_CUDA
+// The two padding-mask problems of one joint attention call (varlen_attention.h, cuDNN): the suffix queries over
+// buffer rows [0, S + valid), the prefix queries (prefix_queries) over rows [S, S + valid). Queries and their
+// gradients token-major [B, Tq, H, D]; outputs and their gradients one contiguous [B, T, H, D] per branch (the
+// o_proj inputs, no copy); the key buffer [B, N, Hk, D]; the prefix call's dK/dV a separate [B, P, Hk, D], added
+// into the buffer's gradient.
+struct JointProblems {
+  SdpaProblem prefix, suffix;
+  int64_t suffix_q_offset = 0;  // elements from a query buffer's start to sample 0's first suffix query
+  int64_t prefix_k_offset = 0;  // elements from the key buffer's start to sample 0's first prefix key
+};
+
+JointProblems joint_problems(const JointAttentionShape& shape, bool prefix_queries) {
+  const int64_t b = shape.batch, p = shape.prefix_len, s = shape.suffix_len, n = p + s;
+  const int64_t h = shape.heads, hk = shape.kv_heads, d = shape.head_dim, tq = prefix_queries ? n : s;
+  SdpaProblem base;
+  base.batch = b;
+  base.heads = h;
+  base.kv_heads = hk;
+  base.head_dim = d;
+  base.scale = static_cast<float>(shape.scale);
+  base.q_stride = base.dq_stride = {tq * h * d, d, h * d, 1};
+  base.k_stride = base.v_stride = base.dk_stride = base.dv_stride = {n * hk * d, d, hk * d, 1};
+  JointProblems out;
+  out.suffix = base;
+  out.suffix.seq_q = s;
+  out.suffix.seq_kv = n;
+  out.suffix.o_stride = {s * h * d, d, h * d, 1};
+  out.prefix = base;
+  out.prefix.seq_q = p;
+  out.prefix.seq_kv = p;
+  out.prefix.o_stride = {p * h * d, d, h * d, 1};
+  out.prefix.dk_stride = out.prefix.dv_stride = {p * hk * d, d, hk * d, 1};
+  out.suffix_q_offset = prefix_queries ? p * h * d : 0;
+  out.prefix_k_offset = s * hk * d;
+  return out;
+}
+
+char* at_offset(const at::Tensor& t, int64_t elements) {
+  return static_cast<char*>(t.data_ptr()) + elements * static_cast<int64_t>(t.element_size());
+}
+
+// Workspace from the caching allocator, alive until the call has been queued (stream-ordered reuse after that).
+struct Workspaces {
+  explicit Workspaces(at::TensorOptions o) : options(o.dtype(at::kByte)) {}
+  SdpaWorkspace fn() {
+    return [this](size_t bytes) {
+      held.push_back(at::empty({static_cast<int64_t>(bytes)}, options));
+      return held.back().data_ptr();
+    };
+  }
+  at::TensorOptions options;
+  std::vector<at::Tensor> held;
+};
+
+// args: q, k, v, kv_order, kv_grad_slot, the four int32 length tensors (only q, k, v differentiable). Outputs:
+// {prefix [B * P, H, D], suffix [B * S, H, D]}, or {suffix} without prefix queries.
+struct CudnnJointAttentionFn : public torch::autograd::Function<CudnnJointAttentionFn> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& kv_order, const at::Tensor& kv_grad_slot,
+                               const at::Tensor& prefix_seq_q, const at::Tensor& prefix_seq_kv,
+                               const at::Tensor& suffix_seq_q, const at::Tensor& suffix_seq_kv, int64_t batch,
+                               int64_t prefix_len, int64_t suffix_len, double scale) {
+    const int64_t h = q.size(1), d = q.size(2);
+    const JointAttentionShape shape{batch, prefix_len, suffix_len, h, k.size(1), d, scale};
+    const bool prefix_queries = q.size(0) == batch * (prefix_len + suffix_len);
+    const JointProblems problems = joint_problems(shape, prefix_queries);
+    const at::Tensor kb = k.index_select(0, kv_order), vb = v.index_select(0, kv_order);
+    const auto f32 = q.options().dtype(at::kFloat);
+    at::Tensor out_suffix = at::empty({batch * suffix_len, h, d}, q.options());
+    at::Tensor stats_suffix = at::empty({batch, h, suffix_len}, f32);
+    at::Tensor out_prefix, stats_prefix;
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    Workspaces workspaces(q.options());
+    SdpaForwardArgs a;
+    a.q = at_offset(q, problems.suffix_q_offset);
+    a.k = kb.data_ptr();
+    a.v = vb.data_ptr();
+    a.seq_q = suffix_seq_q.data_ptr<int32_t>();
+    a.seq_kv = suffix_seq_kv.data_ptr<int32_t>();
+    a.o = out_suffix.data_ptr();
+    a.stats = stats_suffix.data_ptr<float>();
+    cudnn_sdpa_forward(problems.suffix, a, workspaces.fn(), stream);
+    if (prefix_queries) {
+      out_prefix = at::empty({batch * prefix_len, h, d}, q.options());
+      stats_prefix = at::empty({batch, h, prefix_len}, f32);
+      a.q = q.data_ptr();
+      a.k = at_offset(kb, problems.prefix_k_offset);
+      a.v = at_offset(vb, problems.prefix_k_offset);
+      a.seq_q = prefix_seq_q.data_ptr<int32_t>();
+      a.seq_kv = prefix_seq_kv.data_ptr<int32_t>();
+      a.o = out_prefix.data_ptr();
+      a.stats = stats_prefix.data_ptr<float>();
+      cudnn_sdpa_forward(problems.prefix, a, workspaces.fn(), stream);
+    }
+    // The key buffers are gathered again in backward (12.5 MB each) rather than kept.
+    ctx->save_for_backward({q, k, v, out_prefix, out_suffix, stats_prefix, stats_suffix, kv_order, kv_grad_slot,
+                            prefix_seq_q, prefix_seq_kv, suffix_seq_q, suffix_seq_kv});
+    ctx->saved_data["batch"] = batch;
+    ctx->saved_data["prefix_len"] = prefix_len;
+    ctx->saved_data["suffix_len"] = suffix_len;
+    ctx->saved_data["scale"] = scale;
+    if (prefix_queries) return {out_prefix, out_suffix};
+    return {out_suffix};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out_prefix = saved[3], &out_suffix = saved[4];
+    const at::Tensor &stats_prefix = saved[5], &stats_suffix = saved[6], &kv_order = saved[7];
+    const at::Tensor &kv_grad_slot = saved[8], &prefix_seq_q = saved[9], &prefix_seq_kv = saved[10];
+    const at::Tensor &suffix_seq_q = saved[11], &suffix_seq_kv = saved[12];
+    const int64_t batch = ctx->saved_data["batch"].toInt(), p = ctx->saved_data["prefix_len"].toInt();
+    const int64_t s = ctx->saved_data["suffix_len"].toInt(), n = p + s, hk = k.size(1), d = k.size(2);
+    const JointAttentionShape shape{batch, p, s, q.size(1), hk, d, ctx->saved_data["scale"].toDouble()};
+    const bool prefix_queries = stats_prefix.defined();
+    const JointProblems problems = joint_problems(shape, prefix_queries);
+    // A branch whose output fed nothing differentiable gets an undefined gradient: zeros then.
+    auto grad_of = [&](size_t i, const at::Tensor& out) {
+      return grads[i].defined() ? grads[i].contiguous() : at::zeros_like(out);
+    };
+    const at::Tensor d_suffix = grad_of(prefix_queries ? 1 : 0, out_suffix);
+    const at::Tensor kb = k.index_select(0, kv_order), vb = v.index_select(0, kv_order);
+    at::Tensor dq = at::empty_like(q);
+    // One extra row: the zero gradient of padded keys (kv_grad_slot points them there).
+    at::Tensor dkb = at::empty({batch * n + 1, hk, d}, k.options()), dvb = at::empty_like(dkb);
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    Workspaces workspaces(q.options());
+    SdpaBackwardArgs a;
+    a.q = at_offset(q, problems.suffix_q_offset);
+    a.k = kb.data_ptr();
+    a.v = vb.data_ptr();
+    a.o = out_suffix.data_ptr();
+    a.d_o = d_suffix.data_ptr();
+    a.stats = stats_suffix.data_ptr<float>();
+    a.seq_q = suffix_seq_q.data_ptr<int32_t>();
+    a.seq_kv = suffix_seq_kv.data_ptr<int32_t>();
+    a.dq = at_offset(dq, problems.suffix_q_offset);
+    a.dk = dkb.data_ptr();
+    a.dv = dvb.data_ptr();
+    cudnn_sdpa_backward(problems.suffix, a, workspaces.fn(), stream);
+    if (prefix_queries) {
+      const at::Tensor d_prefix = grad_of(0, out_prefix);
+      at::Tensor dkp = at::empty({batch * p, hk, d}, k.options()), dvp = at::empty_like(dkp);
+      a.q = q.data_ptr();
+      a.k = at_offset(kb, problems.prefix_k_offset);
+      a.v = at_offset(vb, problems.prefix_k_offset);
+      a.o = out_prefix.data_ptr();
+      a.d_o = d_prefix.data_ptr();
+      a.stats = stats_prefix.data_ptr<float>();
+      a.seq_q = prefix_seq_q.data_ptr<int32_t>();
+      a.seq_kv = prefix_seq_kv.data_ptr<int32_t>();
+      a.dq = dq.data_ptr();
+      a.dk = dkp.data_ptr();
+      a.dv = dvp.data_ptr();
+      cudnn_sdpa_backward(problems.prefix, a, workspaces.fn(), stream);
+      // A valid prefix key serves both calls: its gradient is the sum (padded rows: garbage, never read).
+      auto prefix_rows = [&](const at::Tensor& buffer) {
+        return buffer.narrow(0, 0, batch * n).view({batch, n, hk * d}).narrow(1, s, p);
+      };
+      prefix_rows(dkb).add_(dkp.view({batch, p, hk * d}));
+      prefix_rows(dvb).add_(dvp.view({batch, p, hk * d}));
+    }
+    dkb.narrow(0, batch * n, 1).zero_();
+    dvb.narrow(0, batch * n, 1).zero_();
+    variable_list result(13);
+    result[0] = dq;
+    result[1] = dkb.index_select(0, kv_grad_slot);
+    result[2] = dvb.index_select(0, kv_grad_slot);
+    return result;
+  }
+};
+#endif
+
 }  // namespace
 
-VarlenLayout joint_varlen_layout(const at::Tensor& valid, int64_t prefix_len, bool prefix_queries) {
+VarlenLayout joint_varlen_layout(const at::Tensor& valid, int64_t prefix_len, bool prefix_queries,
+                                 VarlenBackend backend) {
   if (!valid.defined() || valid.dim() != 2 || valid.scalar_type() != at::kBool)
     fail("valid must be a [B, N] bool tensor");
   const int64_t b = valid.size(0), n = valid.size(1), p = prefix_len, s = n - prefix_len;
@@ -84,7 +266,33 @@ VarlenLayout joint_varlen_layout(const at::Tensor& valid, int64_t prefix_len, bo
   const at::Tensor first_row = at::arange(b, longs).mul_(n).unsqueeze(1);  // [B, 1]: sample b's row 0
 
   VarlenLayout layout;
+  layout.backend = backend;
   layout.rows_k = b * n;
+  layout.rows_q = prefix_queries ? b * n : b * s;
+  layout.batch = b;
+  layout.prefix_len = p;
+  layout.suffix_len = s;
+  if (backend == VarlenBackend::kCudnn) {
+    if (p == 0 || s == 0) fail("the cuDNN layout needs prefix and suffix positions (P " + std::to_string(p) +
+                               ", S " + std::to_string(s) + ")");
+    // Within sample b: suffix key j at buffer row j, the r-th valid prefix key at S + r, the r-th padded one at
+    // S + valid + r.
+    const at::Tensor padded_rank = vp.logical_not().to(at::kLong).cumsum(1) - 1;
+    const at::Tensor prefix_dest = at::where(vp, rank + s, padded_rank + lp.unsqueeze(1) + s);
+    const at::Tensor dest = at::cat({prefix_dest, at::arange(s, longs).unsqueeze(0).expand({b, s})}, 1) + first_row;
+    layout.kv_order = at::empty({b * n}, longs);
+    layout.kv_order.index_put_({dest.reshape({-1})}, at::arange(b * n, longs));
+    const at::Tensor key_valid = at::cat({vp, at::ones({b, s}, valid.options())}, 1);
+    layout.kv_grad_slot = at::where(key_valid, dest, b * n).reshape({-1});
+    const auto ints = valid.options().dtype(at::kInt);
+    layout.prefix_seq_q = at::full({b}, p, ints);
+    layout.prefix_seq_kv = lp.to(at::kInt);
+    layout.suffix_seq_q = at::full({b}, s, ints);
+    layout.suffix_seq_kv = (lp + s).to(at::kInt);
+    layout.max_q = prefix_queries ? std::max(p, s) : s;
+    layout.max_k = n;
+    return layout;
+  }
   at::Tensor key_counts;  // per sequence, in order
   int64_t capacity = 0;
   if (prefix_queries) {
@@ -93,13 +301,11 @@ VarlenLayout joint_varlen_layout(const at::Tensor& valid, int64_t prefix_len, bo
     layout.cu_q = at::cat({(first_row + at::tensor({int64_t{0}, p}, longs).unsqueeze(0)).reshape({2 * b}),
                            at::full({1}, b * n, longs)})
                       .to(at::kInt);
-    layout.rows_q = b * n;
     layout.max_q = std::max(p, s);
   } else {
     key_counts = lp + s;
     capacity = b * n;
     layout.cu_q = (at::arange(b + 1, longs) * s).to(at::kInt);
-    layout.rows_q = b * s;
     layout.max_q = s;
   }
   layout.max_k = p + s;
@@ -141,8 +347,58 @@ bool varlen_attention_supported(const at::Tensor& x, int64_t head_dim) {
 #endif
 }
 
-at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const VarlenLayout& layout,
-                            double scale) {
+const char* to_string(VarlenBackend backend) { return backend == VarlenBackend::kCudnn ? "cudnn" : "flash"; }
+
+VarlenBackend choose_varlen_backend(const at::Tensor& x, const JointAttentionShape& shape) {
+  const char* env = std::getenv("VLATUNE_VARLEN_BACKEND");
+  const std::string wanted = env == nullptr ? "auto" : env;
+  if (wanted != "auto" && wanted != "cudnn" && wanted != "flash")
+    throw std::invalid_argument("VLATUNE_VARLEN_BACKEND='" + wanted + "': expected auto, cudnn or flash");
+  if (wanted == "flash") return VarlenBackend::kFlash;
+  std::string why;
+#ifdef VLATUNE_HAVE_CUDA
+  if (!cudnn_sdpa_compiled()) {
+    why = "this build has no cuDNN frontend";
+  } else if (!x.is_cuda() || x.scalar_type() != at::kBFloat16) {
+    why = "activations are not bf16 on CUDA";
+  } else if (shape.prefix_len <= 0 || shape.suffix_len <= 0) {
+    why = "no prefix or no suffix positions";
+  } else {
+    // One check per shape and device (graph building is the cost; the graphs stay cached).
+    static std::mutex mutex;
+    static std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double>, std::string>
+        checked;
+    const int device = x.device().index();
+    const auto key = std::make_tuple(device, shape.batch, shape.prefix_len, shape.suffix_len, shape.heads,
+                                     shape.kv_heads, shape.head_dim, shape.scale);
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = checked.find(key);
+    if (it == checked.end()) {
+      std::string reason;
+      for (bool prefix_queries : {true, false}) {
+        const JointProblems problems = joint_problems(shape, prefix_queries);
+        reason = cudnn_sdpa_check(problems.suffix, device);
+        if (reason.empty() && prefix_queries) reason = cudnn_sdpa_check(problems.prefix, device);
+        if (!reason.empty()) break;
+      }
+      if (!reason.empty() && wanted == "auto")
+        std::cerr << "vlatune: cuDNN attention unavailable, FlashAttention-2 instead: " << reason << "\n";
+      it = checked.emplace(key, reason).first;
+    }
+    why = it->second;
+  }
+#else
+  (void)x;
+  (void)shape;
+  why = "a build without CUDA";
+#endif
+  if (why.empty()) return VarlenBackend::kCudnn;
+  if (wanted == "cudnn") throw std::runtime_error("VLATUNE_VARLEN_BACKEND=cudnn: " + why);
+  return VarlenBackend::kFlash;
+}
+
+std::vector<at::Tensor> varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                         const VarlenLayout& layout, double scale) {
   if (q.dim() != 3 || k.dim() != 3 || v.sizes() != k.sizes() || q.size(2) != k.size(2) || k.size(1) == 0 ||
       q.size(1) % k.size(1) != 0)
     fail("q must be [rows, H, D] and k, v [rows, Hk, D] with H a multiple of Hk");
@@ -150,10 +406,26 @@ at::Tensor varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::
     fail("rows " + std::to_string(q.size(0)) + " / " + std::to_string(k.size(0)) + " do not match the layout's " +
          std::to_string(layout.rows_q) + " / " + std::to_string(layout.rows_k));
   if (!q.is_contiguous() || !k.is_contiguous() || !v.is_contiguous()) fail("q, k and v must be contiguous");
+  const bool prefix_queries = layout.rows_q == layout.rows_k;
+  if (layout.backend == VarlenBackend::kCudnn) {
+#ifdef VLATUNE_HAVE_CUDA
+    if (q.scalar_type() != at::kBFloat16) fail("the cuDNN backend takes bf16 activations");
+    return CudnnJointAttentionFn::apply(q, k, v, layout.kv_order, layout.kv_grad_slot, layout.prefix_seq_q,
+                                        layout.prefix_seq_kv, layout.suffix_seq_q, layout.suffix_seq_kv, layout.batch,
+                                        layout.prefix_len, layout.suffix_len, scale);
+#else
+    fail("the cuDNN backend needs a CUDA build");
+#endif
+  }
   // autograd's input bookkeeping needs defined tensors: no second slot is an empty one.
   const at::Tensor second_slot = layout.second_slot.defined() ? layout.second_slot : layout.first_slot.new_empty({0});
-  return VarlenAttentionFn::apply(q, k, v, layout.gather, layout.first_slot, second_slot, layout.cu_q, layout.cu_k,
-                                  layout.slots, layout.max_q, layout.max_k, scale);
+  const at::Tensor out = VarlenAttentionFn::apply(q, k, v, layout.gather, layout.first_slot, second_slot, layout.cu_q,
+                                                  layout.cu_k, layout.slots, layout.max_q, layout.max_k, scale);
+  if (!prefix_queries) return {out};
+  // Per branch: views of the token-major output (the caller's reshape copies them).
+  const int64_t b = layout.batch, p = layout.prefix_len, s = layout.suffix_len;
+  auto parts = out.view({b, p + s, q.size(1), q.size(2)}).split_with_sizes({p, s}, 1);
+  return {parts[0], parts[1]};
 }
 
 }  // namespace vlatune::kernels

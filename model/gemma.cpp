@@ -217,28 +217,28 @@ std::vector<torch::Tensor> joint_attention(GemmaDecoderLayerImpl& prefix, GemmaD
     qkv_p = skip_prefix ? merged_gemm(xp, {ap.k_proj.get(), ap.v_proj.get()})
                         : merged_gemm(xp, {ap.q_proj.get(), ap.k_proj.get(), ap.v_proj.get()});
     auto qkv = kernels::rope_qkv(qkv_p, qkv_s, in.cos, in.sin, heads, kv_heads, /*prefix_q=*/!skip_prefix);
-    // The attention output token-major, [B, Tq, heads, D]. Varlen: rows [B * T, h, D] are views of the rope
-    // kernel's buffers and the output comes token-major. SDPA: its output takes q's layout, so the transpose is a
-    // view too.
-    torch::Tensor o;
+    // The attention output per branch, [B, T, heads, D] in any layout: varlen gives the branches (cuDNN: each
+    // contiguous, so each o_proj input is a view; FlashAttention-2: views of one token-major output, copied by the
+    // reshape). The varlen rows [B * T, h, D] are views of the rope kernel's buffers. SDPA's output takes q's
+    // layout, so its transpose is a view; each branch is then made contiguous by one copy (narrowing the reshaped
+    // output copied the prefix rows a second time), and the backward is one cat instead of two zero-filled slice
+    // gradients and their sum.
+    std::vector<torch::Tensor> branches;
     if (const kernels::VarlenLayout* varlen = skip_prefix ? in.varlen_suffix.get() : in.varlen_joint.get()) {
       auto rows = [](const torch::Tensor& t) {
         auto token_major = t.transpose(1, 2);
         return token_major.reshape({-1, token_major.size(2), token_major.size(3)});
       };
-      o = kernels::varlen_attention(rows(qkv.q), rows(qkv.k), rows(qkv.v), *varlen,
-                                    1.0 / std::sqrt(static_cast<double>(d)))
-              .view({batch, -1, heads, d});
+      branches = kernels::varlen_attention(rows(qkv.q), rows(qkv.k), rows(qkv.v), *varlen,
+                                           1.0 / std::sqrt(static_cast<double>(d)));
     } else {
-      o = attention_core(qkv.q, qkv.k, qkv.v, skip_prefix ? in.mask.narrow(2, p, s) : in.mask, in.attention)
-              .transpose(1, 2);
+      auto o = attention_core(qkv.q, qkv.k, qkv.v, skip_prefix ? in.mask.narrow(2, p, s) : in.mask, in.attention)
+                   .transpose(1, 2);
+      branches = skip_prefix ? std::vector<torch::Tensor>{o} : o.split_with_sizes({p, s}, 1);
     }
-    if (skip_prefix) return {ae.o_proj(o.reshape({batch, s, heads * d}))};
-    // Split (not narrow) the positions: each branch's o_proj input is made contiguous by one copy (narrowing the
-    // reshaped output copied the prefix rows a second time), and the backward is one cat instead of two
-    // zero-filled slice gradients and their sum.
-    auto parts = o.split_with_sizes({p, s}, 1);
-    return {ap.o_proj(parts[0].reshape({batch, p, heads * d})), ae.o_proj(parts[1].reshape({batch, s, heads * d}))};
+    if (skip_prefix) return {ae.o_proj(branches[0].reshape({batch, s, heads * d}))};
+    return {ap.o_proj(branches[0].reshape({batch, p, heads * d})),
+            ae.o_proj(branches[1].reshape({batch, s, heads * d}))};
   }
   // Concatenate along the sequence, prefix first (spec §3 step 3), then RoPE on the joint positions.
   auto k =

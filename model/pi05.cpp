@@ -359,10 +359,15 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
   std::tie(joint.cos, joint.sin) = rope_tables(positions, cfg_.backbone.head_dim, md);
   if (joint.fused && joint.attention == Attention::kLean &&
       kernels::varlen_attention_supported(hs, cfg_.backbone.head_dim)) {
-    joint.varlen_joint = std::make_shared<const kernels::VarlenLayout>(kernels::joint_varlen_layout(valid, p, true));
+    const auto& bb = cfg_.backbone;
+    const kernels::JointAttentionShape shape{
+        b, p, s, bb.heads, bb.kv_heads, bb.head_dim, 1.0 / std::sqrt(static_cast<double>(bb.head_dim))};
+    const kernels::VarlenBackend backend = kernels::choose_varlen_backend(hs, shape);
+    joint.varlen_joint =
+        std::make_shared<const kernels::VarlenLayout>(kernels::joint_varlen_layout(valid, p, true, backend));
     if (options.skip_dead)
       joint.varlen_suffix =
-          std::make_shared<const kernels::VarlenLayout>(kernels::joint_varlen_layout(valid, p, false));
+          std::make_shared<const kernels::VarlenLayout>(kernels::joint_varlen_layout(valid, p, false, backend));
   }
   inputs_scope.reset();
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian 12 machine needs to build and test vlatune, idempotently:
 # Debian packages (headers, test/bench libraries, optional HDF5/SentencePiece, chromium for the report test) and
-# torch==2.11.0 from PyPI into the project virtual environment .venv (LibTorch comes from that wheel).
+# torch==2.11.0 from PyPI into the project virtual environment .venv (LibTorch comes from that wheel), and the
+# header-only cudnn_frontend from PyPI.
 # A second run checks and returns in seconds.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -35,6 +36,15 @@ if [ "${have%%+*}" != "$torch_version" ]; then
   echo "setup: installing torch==$torch_version into $venv (large download, once)"
   "$venv/bin/pip" install -q --upgrade pip
   "$venv/bin/pip" install -q "torch==$torch_version" numpy
+fi
+# cudnn_frontend: header-only C++ (the wheel's include/), for the joint attention's cuDNN kernels
+# (kernels/cudnn_sdpa.h). --no-deps: cuDNN itself is the copy torch already brought.
+frontend_version="${VLATUNE_CUDNN_FRONTEND_VERSION:-1.32.0}"
+have_frontend="$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("nvidia-cudnn-frontend"))' \
+                 2>/dev/null || true)"
+if [ "$have_frontend" != "$frontend_version" ]; then
+  echo "setup: installing nvidia-cudnn-frontend==$frontend_version into $venv"
+  "$venv/bin/pip" install -q --no-deps "nvidia-cudnn-frontend==$frontend_version"
 fi
 # Record the interpreter so CMake finds torch through it and never through PATH's python3.
 mkdir -p "$root/.vlatune"

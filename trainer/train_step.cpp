@@ -126,7 +126,7 @@ int64_t micro_batch_index(const TrainingParts& parts, int64_t step, int64_t micr
 
 StepOutcome run_train_step(TrainingParts& parts, int64_t step, double lr, double clip_norm) {
   StepOutcome out;
-  double loss_sum = 0.0;
+  torch::Tensor loss_sum;  // on the device: read once the optimizer step is queued, so the GPU never waits on it
   for (int64_t micro = 0; micro < parts.grad_accum; ++micro) {
     double wait = 0.0;
     model::Pi05Batch b = [&] {
@@ -138,7 +138,8 @@ StepOutcome run_train_step(TrainingParts& parts, int64_t step, double lr, double
     torch::Tensor loss = parts.grad_accum > 1 ? result.loss / static_cast<double>(parts.grad_accum) : result.loss;
     if (parts.buckets && micro + 1 == parts.grad_accum) parts.buckets->arm_last_backward();
     loss.backward();
-    loss_sum += result.loss.detach().to(torch::kFloat64).item<double>();  // per-step sync: the loss is logged
+    const torch::Tensor micro_loss = result.loss.detach().to(torch::kFloat64);
+    loss_sum = loss_sum.defined() ? loss_sum + micro_loss : micro_loss;
   }
   {
     profiler::Scope optimizer_scope(kOptimizerScopeName, profiler::Phase::kOptimizer);
@@ -147,7 +148,8 @@ StepOutcome run_train_step(TrainingParts& parts, int64_t step, double lr, double
     out.optimizer = parts.optimizer->step(lr, clip_norm);
     parts.optimizer->zero_grad();
   }
-  out.loss = loss_sum / static_cast<double>(parts.grad_accum);
+  // The optimizer has already waited for the step (its gradient norm); this read costs no GPU idle.
+  out.loss = loss_sum.item<double>() / static_cast<double>(parts.grad_accum);
   return out;
 }
 

@@ -62,7 +62,8 @@ struct StepOutcome {
 // grad_accum x (batch -> forward -> backward), missing gradients zero-filled, gradients all-reduced (averaged)
 // when distributed (buckets launched during the last backward, waited before clipping), clip + AdamW at `lr`,
 // gradients cleared; `loss` is this rank's. Opens the pseudo-module scopes "<data>" and "<optimizer>".
-// Synchronizes once (the loss is read).
+// Synchronizes once, after the optimizer step is queued (its gradient norm, then the loss, are read): the GPU does
+// not sit idle between backward and the optimizer while the host queues it.
 StepOutcome run_train_step(TrainingParts& parts, int64_t step, double lr, double clip_norm);
 
 }  // namespace vlatune::trainer

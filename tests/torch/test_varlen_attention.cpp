@@ -1,9 +1,12 @@
-// kernels/varlen_attention: the varlen layout of Pi0.5's joint mask (CPU, by hand), and the FlashAttention varlen
-// path against an fp64 masked-softmax reference on valid rows, gradients included ([.gpu]).
+// kernels/varlen_attention: the varlen layouts of Pi0.5's joint mask (CPU, by hand), and both backends
+// (FlashAttention-2 varlen, cuDNN padding masks) against an fp64 masked-softmax reference on valid rows, gradients
+// included ([.gpu]).
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "kernels/varlen_attention.h"
@@ -66,6 +69,52 @@ TEST_CASE("joint_varlen_layout packs each sample's allowed keys, prefix and suff
   }
 }
 
+TEST_CASE("joint_varlen_layout for cuDNN orders each sample's keys suffix, valid prefix, padded", "[varlen][kernels]") {
+  auto valid = torch::tensor({1, 1, 0, 1, 1, 1, 0, 1, 1, 1}, torch::kBool).view({2, 5});
+  const bool prefix_queries = GENERATE(true, false);
+  const k::VarlenLayout l = k::joint_varlen_layout(valid, 3, prefix_queries, k::VarlenBackend::kCudnn);
+  CHECK(l.backend == k::VarlenBackend::kCudnn);
+  // Buffer rows -> key rows: sample 0: suffix 3 4, valid 0 1, padded 2; sample 1: suffix 8 9, valid 5 7, padded 6.
+  CHECK(values(l.kv_order) == std::vector<int64_t>{3, 4, 0, 1, 2, 8, 9, 5, 7, 6});
+  // Key rows -> buffer rows; the padded keys (rows 2, 6) -> 10, the zeroed extra row.
+  CHECK(values(l.kv_grad_slot) == std::vector<int64_t>{2, 3, 10, 0, 1, 7, 10, 8, 5, 6});
+  CHECK(values(l.prefix_seq_q) == std::vector<int64_t>{3, 3});
+  CHECK(values(l.prefix_seq_kv) == std::vector<int64_t>{2, 2});
+  CHECK(values(l.suffix_seq_q) == std::vector<int64_t>{2, 2});
+  CHECK(values(l.suffix_seq_kv) == std::vector<int64_t>{4, 4});
+  CHECK(l.rows_q == (prefix_queries ? 10 : 4));
+  CHECK(l.rows_k == 10);
+  CHECK(l.batch == 2);
+  CHECK(l.prefix_len == 3);
+  CHECK(l.suffix_len == 2);
+  CHECK_THROWS_WITH(k::joint_varlen_layout(valid, 5, true, k::VarlenBackend::kCudnn),
+                    Catch::Contains("the cuDNN layout needs prefix and suffix positions (P 5, S 0)"));
+}
+
+TEST_CASE("choose_varlen_backend reads VLATUNE_VARLEN_BACKEND", "[varlen][kernels]") {
+  const k::JointAttentionShape shape{2, 3, 2, 8, 1, 256, 1.0 / 16};
+  const auto cpu = torch::zeros({1}, torch::kBFloat16);
+  SECTION("flash is always possible") {
+    setenv("VLATUNE_VARLEN_BACKEND", "flash", 1);
+    CHECK(k::choose_varlen_backend(cpu, shape) == k::VarlenBackend::kFlash);
+  }
+  SECTION("cudnn on CPU activations is an error with the reason") {
+    setenv("VLATUNE_VARLEN_BACKEND", "cudnn", 1);
+    CHECK_THROWS_WITH(k::choose_varlen_backend(cpu, shape), Catch::Contains("VLATUNE_VARLEN_BACKEND=cudnn: "));
+  }
+  SECTION("auto falls back on CPU activations") {
+    unsetenv("VLATUNE_VARLEN_BACKEND");
+    CHECK(k::choose_varlen_backend(cpu, shape) == k::VarlenBackend::kFlash);
+  }
+  SECTION("an unknown value is named") {
+    setenv("VLATUNE_VARLEN_BACKEND", "fast", 1);
+    CHECK_THROWS_WITH(k::choose_varlen_backend(cpu, shape),
+                      Catch::Contains("VLATUNE_VARLEN_BACKEND='fast': expected auto, cudnn or flash"));
+  }
+  unsetenv("VLATUNE_VARLEN_BACKEND");
+  CHECK(std::string(k::to_string(k::VarlenBackend::kCudnn)) == "cudnn");
+}
+
 TEST_CASE("varlen_attention is not used on the CPU", "[varlen][kernels]") {
   CHECK_FALSE(k::varlen_attention_supported(torch::zeros({2, 3}, torch::kBFloat16), 256));
 }
@@ -73,10 +122,11 @@ TEST_CASE("varlen_attention is not used on the CPU", "[varlen][kernels]") {
 TEST_CASE("varlen_attention matches the masked fp64 reference on valid rows, gradients included", "[.gpu][varlen]") {
   REQUIRE(torch::cuda::is_available());
   const bool prefix_queries = GENERATE(true, false);
+  const k::VarlenBackend backend = GENERATE(k::VarlenBackend::kFlash, k::VarlenBackend::kCudnn);
   // Pi0.5's heads (8 q, 1 kv, 256) and a smaller GQA shape.
   const auto shape = GENERATE(std::vector<int64_t>{3, 45, 11, 8, 1, 256}, std::vector<int64_t>{2, 20, 6, 4, 2, 64});
   const int64_t b = shape[0], p = shape[1], s = shape[2], h = shape[3], hk = shape[4], d = shape[5], n = p + s;
-  INFO("prefix_queries " << prefix_queries << " d " << d);
+  INFO("prefix_queries " << prefix_queries << " d " << d << " backend " << k::to_string(backend));
   torch::manual_seed(700 + d);
   REQUIRE(k::varlen_attention_supported(torch::zeros({1}, torch::dtype(torch::kBFloat16).device(torch::kCUDA)), d));
   // Valid prefix keys: a contiguous run and, in sample 0, a hole (an absent camera's tokens).
@@ -89,8 +139,15 @@ TEST_CASE("varlen_attention matches the masked fp64 reference on valid rows, gra
   auto kk = torch::randn({b * n, hk, d}, opts).requires_grad_(true);
   auto v = torch::randn({b * n, hk, d}, opts).requires_grad_(true);
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  const k::VarlenLayout layout = k::joint_varlen_layout(valid.to(torch::kCUDA), p, prefix_queries);
-  auto out = k::varlen_attention(q, kk, v, layout, scale);
+  const k::VarlenLayout layout = k::joint_varlen_layout(valid.to(torch::kCUDA), p, prefix_queries, backend);
+  const auto branches = k::varlen_attention(q, kk, v, layout, scale);
+  REQUIRE(branches.size() == (prefix_queries ? 2u : 1u));
+  CHECK(branches.back().numel() == b * s * h * d);
+  if (backend == k::VarlenBackend::kCudnn)
+    for (const auto& o : branches) CHECK(o.is_contiguous());  // the o_proj inputs as they are
+  auto out = prefix_queries ? torch::cat({branches[0].reshape({b, p, h, d}), branches[1].reshape({b, s, h, d})}, 1)
+                            : branches[0];
+  out = out.reshape({b * tq, h, d});
   REQUIRE(out.sizes() == q.sizes());
 
   // fp64 reference over [B, H, T, D] with the model's mask; dead rows (padded prefix queries) get no upstream
@@ -119,4 +176,13 @@ TEST_CASE("varlen_attention matches the masked fp64 reference on valid rows, gra
   // Keys no query may see (padded prefix positions) get exactly zero gradient.
   auto dead_keys = valid.logical_not().reshape({-1});
   CHECK(kk.grad().cpu().index({dead_keys}).abs().max().item<float>() == 0.0f);
+}
+
+TEST_CASE("choose_varlen_backend picks cuDNN for Pi0.5's joint attention at batch 32", "[.gpu][varlen]") {
+  REQUIRE(torch::cuda::is_available());
+  unsetenv("VLATUNE_VARLEN_BACKEND");
+  const k::JointAttentionShape shape{32, 712, 50, 8, 1, 256, 1.0 / 16};
+  const auto x = torch::zeros({1}, torch::dtype(torch::kBFloat16).device(torch::kCUDA));
+  CHECK(k::choose_varlen_backend(x, shape) == k::VarlenBackend::kCudnn);
+  CHECK(k::choose_varlen_backend(x.to(torch::kHalf), shape) == k::VarlenBackend::kFlash);
 }
