@@ -28,7 +28,7 @@ std::string describe(const SdpaProblem& p) {
   };
   std::ostringstream s;
   s << "batch " << p.batch << ", heads " << p.heads << "/" << p.kv_heads << ", seq " << p.seq_q << "x" << p.seq_kv
-    << ", head_dim " << p.head_dim << ", strides q" << dims(p.q_stride) << " k" << dims(p.k_stride) << " v"
+    << ", head_dim " << p.head_dim << (p.padding_mask ? ", padding mask" : ", no mask") << ", strides q" << dims(p.q_stride) << " k" << dims(p.k_stride) << " v"
     << dims(p.v_stride) << " o" << dims(p.o_stride);
   return s.str();
 }
@@ -68,11 +68,12 @@ cudnnHandle_t thread_handle(int device) {
 
 using Key = std::tuple<bool, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, std::array<int64_t, 4>,
                        std::array<int64_t, 4>, std::array<int64_t, 4>, std::array<int64_t, 4>, std::array<int64_t, 4>,
-                       std::array<int64_t, 4>, std::array<int64_t, 4>, float>;
+                       std::array<int64_t, 4>, std::array<int64_t, 4>, float, bool>;
 
 Key key_of(const SdpaProblem& p, bool backward, int device) {
-  return {backward,   device,     p.batch,    p.heads,     p.kv_heads,  p.seq_q,     p.seq_kv,    p.head_dim,
-          p.q_stride, p.k_stride, p.v_stride, p.o_stride,  p.dq_stride, p.dk_stride, p.dv_stride, p.scale};
+  return {backward,   device,      p.batch,     p.heads,     p.kv_heads, p.seq_q,         p.seq_kv,
+          p.head_dim, p.q_stride,  p.k_stride,  p.v_stride,  p.o_stride, p.dq_stride,     p.dk_stride,
+          p.dv_stride, p.scale,    p.padding_mask};
 }
 
 struct Built {
@@ -107,15 +108,12 @@ Built build(const SdpaProblem& p, bool backward, cudnnHandle_t handle) {
   auto q = bf16("Q", kQ, {b, h, sq, d}, p.q_stride);
   auto k = bf16("K", kK, {b, hk, skv, d}, p.k_stride);
   auto v = bf16("V", kV, {b, hk, skv, d}, p.v_stride);
-  auto seq_q = lengths("seq_q", kSeqQ), seq_kv = lengths("seq_kv", kSeqKv);
+  // The lengths' graph tensors exist only with a padding mask (a declared tensor must be used).
+  auto seq_q = [&] { return lengths("seq_q", kSeqQ); };
+  auto seq_kv = [&] { return lengths("seq_kv", kSeqKv); };
   if (!backward) {
-    auto options = fe::graph::SDPA_attributes()
-                       .set_name("sdpa")
-                       .set_generate_stats(true)
-                       .set_attn_scale(p.scale)
-                       .set_padding_mask(true)
-                       .set_seq_len_q(seq_q)
-                       .set_seq_len_kv(seq_kv);
+    auto options = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(p.scale);
+    if (p.padding_mask) options.set_padding_mask(true).set_seq_len_q(seq_q()).set_seq_len_kv(seq_kv());
     auto [o, stats] = g->sdpa(q, k, v, options);
     o->set_output(true).set_uid(kO).set_dim({b, h, sq, d}).set_stride(vec(p.o_stride));
     stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT).set_dim(stats_dim).set_stride(
@@ -129,12 +127,8 @@ Built build(const SdpaProblem& p, bool backward, cudnnHandle_t handle) {
                                .set_dim(stats_dim)
                                .set_stride(stats_stride)
                                .set_data_type(fe::DataType_t::FLOAT));
-    auto options = fe::graph::SDPA_backward_attributes()
-                       .set_name("sdpa_backward")
-                       .set_attn_scale(p.scale)
-                       .set_padding_mask(true)
-                       .set_seq_len_q(seq_q)
-                       .set_seq_len_kv(seq_kv);
+    auto options = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(p.scale);
+    if (p.padding_mask) options.set_padding_mask(true).set_seq_len_q(seq_q()).set_seq_len_kv(seq_kv());
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, options);
     dq->set_output(true).set_uid(kDQ).set_dim({b, h, sq, d}).set_stride(vec(p.dq_stride));
     dk->set_output(true).set_uid(kDK).set_dim({b, hk, skv, d}).set_stride(vec(p.dk_stride));
@@ -203,6 +197,7 @@ void cudnn_sdpa_forward(const SdpaProblem& p, const SdpaForwardArgs& args, const
                                           {kSeqKv, const_cast<int32_t*>(args.seq_kv)},
                                           {kO, args.o},
                                           {kStats, args.stats}};
+  if (!p.padding_mask) pack.erase(kSeqQ), pack.erase(kSeqKv);
   execute(p, built, pack, workspace, stream, device);
 }
 
@@ -221,6 +216,7 @@ void cudnn_sdpa_backward(const SdpaProblem& p, const SdpaBackwardArgs& args, con
                                           {kDQ, args.dq},
                                           {kDK, args.dk},
                                           {kDV, args.dv}};
+  if (!p.padding_mask) pack.erase(kSeqQ), pack.erase(kSeqKv);
   execute(p, built, pack, workspace, stream, device);
 }
 

@@ -1,5 +1,5 @@
-// cuDNN's fused attention (its Hopper flash kernels) through the cudnn_frontend graph API, with a padding mask:
-// in sample b only queries [0, seq_q[b]) and keys [0, seq_kv[b]) take part. Torch-free (raw pointers, element
+// cuDNN's fused attention (its Hopper flash kernels) through the cudnn_frontend graph API, with a padding mask
+// (in sample b only queries [0, seq_q[b]) and keys [0, seq_kv[b]) take part) or without a mask. Torch-free (raw pointers, element
 // strides) so that the heavy frontend headers stay in one translation unit (cudnn_sdpa.cpp).
 //
 // Why: Pi0.5's joint mask is a key-padding mask per sample once the keys are ordered valid-first
@@ -30,6 +30,7 @@ struct SdpaProblem {
   std::array<int64_t, 4> q_stride{}, k_stride{}, v_stride{}, o_stride{};  // o_stride: O and dO
   std::array<int64_t, 4> dq_stride{}, dk_stride{}, dv_stride{};           // backward outputs
   float scale = 1.0f;
+  bool padding_mask = true;  // false: every query sees every key (seq_q / seq_kv pointers unused)
 };
 
 struct SdpaForwardArgs {

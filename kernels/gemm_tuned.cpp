@@ -200,25 +200,39 @@ struct TunedLinearFn : public torch::autograd::Function<TunedLinearFn> {
 
 }  // namespace
 
-bool gemm_tuning_from_env(const char* value) {
-  if (value == nullptr) return false;
+GemmTuning gemm_tuning_mode_from_env(const char* value) {
+  if (value == nullptr) return GemmTuning::kOff;
   std::string v(value);
   for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return v == "1" || v == "on" || v == "true" || v == "yes";
+  if (v == "1" || v == "on" || v == "true" || v == "yes") return GemmTuning::kAll;
+  return v == "bias" ? GemmTuning::kBiasGradients : GemmTuning::kOff;
 }
 
-bool gemm_tuning_enabled() {
+bool gemm_tuning_from_env(const char* value) {
+  return gemm_tuning_mode_from_env(value) == GemmTuning::kAll;
+}
+
+GemmTuning gemm_tuning_mode() {
   int state = g_tuning.load(std::memory_order_relaxed);
   if (state < 0) {
     int expected = -1;
-    g_tuning.compare_exchange_strong(expected, gemm_tuning_from_env(std::getenv("VLATUNE_GEMM_TUNING")) ? 1 : 0);
+    g_tuning.compare_exchange_strong(
+        expected, static_cast<int>(gemm_tuning_mode_from_env(std::getenv("VLATUNE_GEMM_TUNING"))));
     state = g_tuning.load();
   }
-  return state == 1;
+  return static_cast<GemmTuning>(state);
+}
+
+bool gemm_tuning_enabled() {
+  return gemm_tuning_mode() != GemmTuning::kOff;
+}
+
+void set_gemm_tuning(GemmTuning mode) {
+  g_tuning.store(static_cast<int>(mode));
 }
 
 void set_gemm_tuning(bool enabled) {
-  g_tuning.store(enabled ? 1 : 0);
+  set_gemm_tuning(enabled ? GemmTuning::kAll : GemmTuning::kOff);
 }
 
 bool gemm_tuning_applies(const at::Tensor& t) {
@@ -232,7 +246,7 @@ bool gemm_tuning_applies(const at::Tensor& t) {
 
 at::Tensor tuned_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias) {
 #ifdef VLATUNE_HAVE_CUDA
-  if (mm_operands_ok(a, b) && bias_ok(bias, a, b.size(1)))
+  if (gemm_tuning_mode() == GemmTuning::kAll && mm_operands_ok(a, b) && bias_ok(bias, a, b.size(1)))
     return run_tuned(a, b, bias, bias.defined() ? GemmEpilogue::kBias : GemmEpilogue::kNone).out;
 #endif
   return bias.defined() ? at::addmm(bias, a, b) : at::mm(a, b);
@@ -247,7 +261,7 @@ MmRowSums tuned_mm_row_sums(const at::Tensor& a, const at::Tensor& b) {
 
 at::Tensor tuned_linear_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
 #ifdef VLATUNE_HAVE_CUDA
-  if (linear_ok(x, weight, bias)) {
+  if (gemm_tuning_mode() == GemmTuning::kAll && linear_ok(x, weight, bias)) {
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = weight.size(0);
     return run_tuned(x.reshape({-1, x.size(-1)}), weight.t(), bias,

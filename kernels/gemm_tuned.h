@@ -8,7 +8,7 @@
 // Everywhere else (CPU, a CPU-only build, fp32/fp64 operands, tuning off) each function runs exactly the ATen op it
 // names, so results are bitwise ATen's. Off by default: in the full Pi0.5 step on the H200 the kept candidates were
 // no faster than ATen's GEMMs (gemm.md, "Measured in the step"). Switch: VLATUNE_GEMM_TUNING=1 (or
-// set_gemm_tuning(true)).
+// set_gemm_tuning(true)); VLATUNE_GEMM_TUNING=bias tunes only the bias-gradient GEMMs.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -20,12 +20,21 @@
 
 namespace vlatune::kernels {
 
-// Off unless the environment variable VLATUNE_GEMM_TUNING reads as on (gemm_tuning_from_env), read at the first
-// query; set_gemm_tuning overrides it for the process (tests, benchmarks).
+// What is tuned: nothing; every GEMM; or only the weight-gradient GEMMs of Linears with a bias
+// (tuned_mm_row_sums: ATen's GEMM and a separate sum against cuBLASLt's GEMM with the BGRADB epilogue), every
+// other GEMM running ATen's as with tuning off.
+enum class GemmTuning { kOff, kAll, kBiasGradients };
+
+// From the environment variable VLATUNE_GEMM_TUNING (gemm_tuning_from_env), read at the first query;
+// set_gemm_tuning overrides it for the process (tests, benchmarks). gemm_tuning_enabled: the mode is not kOff.
+GemmTuning gemm_tuning_mode();
 bool gemm_tuning_enabled();
-void set_gemm_tuning(bool enabled);
-// A value of VLATUNE_GEMM_TUNING -> on/off: "1", "on", "true", "yes" (any case) are on; unset (null), empty or
-// anything else off.
+void set_gemm_tuning(GemmTuning mode);
+void set_gemm_tuning(bool enabled);  // kAll or kOff
+// A value of VLATUNE_GEMM_TUNING -> the mode: "1", "on", "true", "yes" (any case) kAll; "bias" kBiasGradients;
+// unset (null), empty or anything else kOff.
+GemmTuning gemm_tuning_mode_from_env(const char* value);
+// gemm_tuning_mode_from_env(value) == kAll.
 bool gemm_tuning_from_env(const char* value);
 
 // True when the functions below take the tuned path for operands like t: a CUDA build, t on CUDA in bf16 or fp16,

@@ -1,5 +1,8 @@
 #include "model/siglip.h"
 
+#include <cmath>
+
+#include "kernels/qkv_attention.h"
 #include "model/recompute.h"
 #include "profiler/scope.h"
 
@@ -25,6 +28,8 @@ torch::Tensor SiglipAttentionImpl::forward(const torch::Tensor& x, Attention mod
       profiler::note_gemm({&q_proj->fqn(), &k_proj->fqn(), &v_proj->fqn()}, x.numel() / width, width, 3 * width);
     auto qkv = kernels::merged_linear(x, {q_proj->weight, k_proj->weight, v_proj->weight},
                                       {q_proj->bias, k_proj->bias, v_proj->bias});  // [n, t, q | k | v]
+    if (mode == Attention::kLean && kernels::qkv_attention_supported(qkv, heads))
+      return out_proj(kernels::qkv_attention(qkv, heads, 1.0 / std::sqrt(static_cast<double>(width / heads))));
     // Strided [n, heads, t, d] views of the merged output, read in place by SDPA (no copy for the layout); their
     // backward is one stack into the merged layout (narrow views cost a zero-filled [n, t, 3 * width] each).
     auto heads_qkv = kernels::split_qkv_heads(qkv, heads);

@@ -113,6 +113,15 @@ TEST_CASE("VLATUNE_GEMM_TUNING values and the process-wide switch", "[gemm][kern
   CHECK(k::gemm_tuning_from_env("on"));
   CHECK(k::gemm_tuning_from_env("TRUE"));
   CHECK(k::gemm_tuning_from_env("yes"));
+  CHECK(k::gemm_tuning_mode_from_env("Bias") == k::GemmTuning::kBiasGradients);
+  CHECK_FALSE(k::gemm_tuning_from_env("bias"));
+  CHECK(k::gemm_tuning_mode_from_env("on") == k::GemmTuning::kAll);
+  CHECK(k::gemm_tuning_mode_from_env("biases") == k::GemmTuning::kOff);
+  const k::GemmTuning mode_before = k::gemm_tuning_mode();
+  k::set_gemm_tuning(k::GemmTuning::kBiasGradients);
+  CHECK(k::gemm_tuning_enabled());
+  CHECK(k::gemm_tuning_mode() == k::GemmTuning::kBiasGradients);
+  k::set_gemm_tuning(mode_before);
   const bool before = k::gemm_tuning_enabled();
   k::set_gemm_tuning(false);
   CHECK_FALSE(k::gemm_tuning_enabled());
@@ -303,6 +312,27 @@ TEST_CASE("With tuning off the tuned entry points give ATen's results bitwise", 
   CHECK(bitwise_equal(r.out, at::mm(g.t(), x2)));
   CHECK(bitwise_equal(r.row_sums, g.t().sum(1)));
   CHECK(record_count() == records);
+  k::set_gemm_tuning(before);
+}
+
+TEST_CASE("Tuning only bias gradients: the other GEMMs are ATen's bitwise, the row-sum GEMM is tuned", "[.gpu][gemm]") {
+  REQUIRE(torch::cuda::is_available());
+  torch::manual_seed(43);
+  const k::GemmTuning before = k::gemm_tuning_mode();
+  k::set_gemm_tuning(k::GemmTuning::kBiasGradients);
+  const auto dtype = torch::kBFloat16;
+  auto x = dev(randn({2, 130, 1152}), dtype), w = dev(randn({4304, 1152}) / 32, dtype), b = dev(randn({4304}), dtype);
+  auto g = dev(randn({260, 4304}), dtype);
+  auto x2 = x.reshape({-1, 1152});
+  const size_t records = record_count();
+  CHECK(bitwise_equal(k::tuned_mm(g, w), at::mm(g, w)));
+  CHECK(bitwise_equal(k::tuned_linear_forward(x, w, b), at::linear(x, w, b)));
+  CHECK(record_count() == records);  // nothing tuned yet
+  auto r = k::tuned_mm_row_sums(g.t(), x2);
+  CHECK(record_count() == records + 1);
+  auto g64 = g.cpu().to(torch::kFloat64), x64 = x2.cpu().to(torch::kFloat64);
+  CHECK(vlatune::test::rel_err(r.out, g64.t().mm(x64)) < 1e-2);
+  CHECK(vlatune::test::rel_err(r.row_sums, g64.sum(0)) < 1e-2);
   k::set_gemm_tuning(before);
 }
 

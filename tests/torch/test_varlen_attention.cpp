@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/qkv_attention.h"
 #include "kernels/varlen_attention.h"
 #include "tensor_test_util.h"
 
@@ -185,4 +186,31 @@ TEST_CASE("choose_varlen_backend picks cuDNN for Pi0.5's joint attention at batc
   const auto x = torch::zeros({1}, torch::dtype(torch::kBFloat16).device(torch::kCUDA));
   CHECK(k::choose_varlen_backend(x, shape) == k::VarlenBackend::kCudnn);
   CHECK(k::choose_varlen_backend(x.to(torch::kHalf), shape) == k::VarlenBackend::kFlash);
+}
+
+TEST_CASE("qkv_attention on cuDNN matches the fp64 reference from the merged QKV, its gradient in one tensor",
+          "[.gpu][varlen]") {
+  REQUIRE(torch::cuda::is_available());
+  unsetenv("VLATUNE_VARLEN_BACKEND");
+  // SigLIP's heads (16 x 72) on 2 images of 256 tokens, and a smaller shape.
+  const auto shape = GENERATE(std::vector<int64_t>{2, 256, 16, 72}, std::vector<int64_t>{3, 40, 4, 64});
+  const int64_t n = shape[0], t = shape[1], h = shape[2], d = shape[3], w = h * d;
+  torch::manual_seed(900 + d);
+  auto qkv = torch::randn({n, t, 3 * w}, torch::dtype(torch::kBFloat16).device(torch::kCUDA)).requires_grad_(true);
+  REQUIRE(k::qkv_attention_supported(qkv, h));
+  CHECK_FALSE(k::qkv_attention_supported(qkv.detach().to(torch::kHalf), h));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  auto out = k::qkv_attention(qkv, h, scale);
+  REQUIRE(out.sizes() == torch::IntArrayRef({n, t, w}));
+  CHECK(out.is_contiguous());
+
+  auto q64 = qkv.detach().cpu().to(torch::kFloat64).requires_grad_(true);
+  auto heads = [&](int64_t i) { return q64.narrow(2, i * w, w).view({n, t, h, d}).transpose(1, 2); };
+  auto probs = torch::softmax(torch::matmul(heads(0), heads(1).transpose(-1, -2)) * scale, -1);
+  auto ref = torch::matmul(probs, heads(2)).transpose(1, 2).reshape({n, t, w});
+  auto seed = torch::randn({n, t, w}, torch::kFloat64);
+  (out.to(torch::kFloat64).cpu() * seed).sum().backward();
+  (ref * seed).sum().backward();
+  CHECK(vlatune::test::rel_err(out.cpu(), ref) < 1e-2);
+  CHECK(vlatune::test::rel_err(qkv.grad(), q64.grad()) < 2e-2);
 }
