@@ -27,6 +27,9 @@
 # Options: --steps N (default 12), --no-build (reuse build-gpu/ from an earlier call in the same session),
 #          --budget S (default 560), --only LIST (comma-separated subset of: tests,train,profile,kill),
 #          --nccl-channels LIST (comma-separated NCCL_MAX_NCHANNELS values to try on NVLink; none by default),
+#          --nccl-env LIST (semicolon-separated settings, each one or more space-separated VAR=VALUE, to try one at a
+#          time on NVLink with the planned groups, e.g. "NCCL_PROTO=Simple;TORCH_NCCL_HIGH_PRIORITY=1"),
+#          --nvlink-only (train: 1 GPU and the NVLink runs; no one-bucket or host-memory runs),
 #          --nproc N (default 2: the data-parallel runs, the profile and the plan use N GPUs; issue 11's eight-GPU run
 #          is `--nproc 8` on `nvidia-h200-x8`). With N other than 2, the profile and the plan run first, and the
 #          "planned" runs train the recipe just planned for N GPUs at batch 32 ($OUT/plan_worldN.json) instead of
@@ -41,6 +44,8 @@ build=1
 budget=560
 only="tests,train,profile,kill"
 channels=""
+nccl_env=""
+nvlink_only=0
 nproc=2
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -49,6 +54,8 @@ while [ $# -gt 0 ]; do
     --budget) budget="$2"; shift 2 ;;
     --only) only="$2"; shift 2 ;;
     --nccl-channels) channels="$2"; shift 2 ;;
+    --nccl-env) nccl_env="$2"; shift 2 ;;
+    --nvlink-only) nvlink_only=1; shift ;;
     --nproc) nproc="$2"; shift 2 ;;
     *) echo "multi-gpu-check: unknown option '$1'" >&2; exit 4 ;;
   esac
@@ -167,15 +174,23 @@ if wants train; then
   if [ -f "$planned" ]; then
     run_train "${np}_nvlink_planned" "$nproc" -- --dist-buckets groups --recipe "$planned"
   fi
-  run_train "${np}_nvlink_one" "$nproc" -- --dist-buckets one
-  run_train "${np}_hostmem_groups" "$nproc" NCCL_P2P_DISABLE=1 -- --dist-buckets groups
-  if [ -f "$planned" ]; then
-    run_train "${np}_hostmem_planned" "$nproc" NCCL_P2P_DISABLE=1 -- --dist-buckets groups --recipe "$planned"
+  if [ "$nvlink_only" = 0 ]; then
+    run_train "${np}_nvlink_one" "$nproc" -- --dist-buckets one
+    run_train "${np}_hostmem_groups" "$nproc" NCCL_P2P_DISABLE=1 -- --dist-buckets groups
+    if [ -f "$planned" ]; then
+      run_train "${np}_hostmem_planned" "$nproc" NCCL_P2P_DISABLE=1 -- --dist-buckets groups --recipe "$planned"
+    fi
+    run_train "${np}_hostmem_one" "$nproc" NCCL_P2P_DISABLE=1 -- --dist-buckets one
   fi
-  run_train "${np}_hostmem_one" "$nproc" NCCL_P2P_DISABLE=1 -- --dist-buckets one
   IFS=',' read -ra channel_list <<<"$channels"
   for c in ${channel_list[@]+"${channel_list[@]}"}; do
     run_train "${np}_nvlink_planned_ch$c" "$nproc" "NCCL_MAX_NCHANNELS=$c" -- --dist-buckets groups --recipe "$planned"
+  done
+  IFS=';' read -ra env_list <<<"$nccl_env"
+  for i in "${!env_list[@]}"; do
+    read -ra settings <<<"${env_list[$i]}"
+    echo "${env_list[$i]}" >"$out/env_${np}_nvlink_planned_env$i.txt"  # the row title of the summary
+    run_train "${np}_nvlink_planned_env$i" "$nproc" "${settings[@]}" -- --dist-buckets groups --recipe "$planned"
   done
 fi
 
@@ -247,12 +262,15 @@ base = run("1gpu")
 base_sps, base_ms = (base or {}).get("samples_per_s_median"), step_ms(base)
 def label_name(label):
     # "1gpu", "<N>gpu_<link>_<groups|planned|one>[_ch<C>]" -> a row title
-    m = re.match(r"(\d+)gpu(?:_(nvlink|hostmem)_(groups|planned|one)(?:_ch(\d+))?)?$", label)
+    m = re.match(r"(\d+)gpu(?:_(nvlink|hostmem)_(groups|planned|one)(?:_ch(\d+)|_env(\d+))?)?$", label)
     if not m: return label
-    n, link, kind, ch = m.groups()
+    n, link, kind, ch, env = m.groups()
     if not link: return "%s GPU" % n
     text = "%s GPU %s, %s" % (n, "NVLink" if link == "nvlink" else "host mem (P2P off)",
                               {"groups": "per-group buckets", "planned": "planned groups", "one": "one bucket"}[kind])
+    if env is not None:
+        p = os.path.join(out, "env_%s.txt" % label)
+        text += ", " + (open(p).read().strip() if os.path.exists(p) else "env " + env)
     return text + (", NCCL_MAX_NCHANNELS=" + ch if ch else "")
 rows = [("run", "rc", "samples/s (global)", "scaling", "exposed ms", "% of step", "peak GiB", "step ms", "wall s",
          "start-up s")]
