@@ -384,6 +384,79 @@ __global__ void __launch_bounds__(kMaxThreads) layer_norm_fwd_kernel(const Layer
   }
 }
 
+// One warp per row for rows of at most 32 * kWarpMaxIters vectors (SigLIP: 1152 bf16 = 144 vectors, 4.5 per
+// lane), kWarpRows rows per block: shuffles instead of block barriers. The block-per-row kernel above ran SigLIP's
+// LayerNorm at 2.5 TB/s of the 4.3 the H200 copies at (61 us per call at batch 32; RESULTS "fourth session"): its
+// two block reductions per 2.3 KB row were latency, not bandwidth.
+constexpr int kWarpRows = 4;
+constexpr int kWarpMaxIters = 8;
+
+__device__ __forceinline__ float warp_sum_all(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+template <typename T, int ITERS>
+__global__ void __launch_bounds__(kWarpRows * 32) layer_norm_fwd_warp_kernel(const LayerNormFwdParams p) {
+  constexpr int V = kVec<T>;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpRows + (threadIdx.x >> 5);
+  if (row >= p.rows) return;  // whole warps leave: the shuffles below see full warps
+  const int nvec = static_cast<int>(p.width / V);
+  const int64_t base = row * p.width;
+  const float inv_width = 1.f / static_cast<float>(p.width);
+  float hv[ITERS][V];
+  float sum = 0.f;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int j = it * 32 + lane;
+    if (j >= nvec) continue;
+    Pack<T, V> xp = load_pack(static_cast<const T*>(p.x) + base, j);
+    if (p.delta != nullptr) {
+      const Pack<T, V> dp = load_pack(static_cast<const T*>(p.delta) + base, j);
+#pragma unroll
+      for (int k = 0; k < V; ++k) xp.v[k] = from_float<T>(to_float(xp.v[k]) + to_float(dp.v[k]));
+      store_pack(static_cast<T*>(p.h) + base, j, xp);
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      hv[it][k] = to_float(xp.v[k]);
+      sum += hv[it][k];
+    }
+  }
+  const float mean = warp_sum_all(sum) * inv_width;
+  float ss = 0.f;  // the variance of the centred values (no cancellation), as the block kernel
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int j = it * 32 + lane;
+    if (j >= nvec) continue;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float c = hv[it][k] - mean;
+      ss += c * c;
+    }
+  }
+  const float rstd = rsqrtf(warp_sum_all(ss) * inv_width + p.eps);
+  if (lane == 0) {
+    p.mean[row] = mean;
+    p.rstd[row] = rstd;
+  }
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int j = it * 32 + lane;
+    if (j >= nvec) continue;
+    const Pack<float, 4>* w4 = reinterpret_cast<const Pack<float, 4>*>(p.weight + static_cast<int64_t>(j) * V);
+    const Pack<float, 4>* b4 = reinterpret_cast<const Pack<float, 4>*>(p.bias + static_cast<int64_t>(j) * V);
+    Pack<T, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      out.v[k] = from_float<T>((hv[it][k] - mean) * rstd * w4[k / 4].v[k % 4] + b4[k / 4].v[k % 4]);
+    }
+    store_pack(static_cast<T*>(p.y) + base, j, out);
+  }
+}
+
 template <typename T, int ITERS>
 __global__ void __launch_bounds__(kMaxThreads) layer_norm_bwd_kernel(const LayerNormBwdParams p) {
   constexpr int V = kVec<T>;
@@ -399,17 +472,34 @@ __global__ void __launch_bounds__(kMaxThreads) layer_norm_bwd_kernel(const Layer
       acc_w[it][k] = acc_b[it][k] = 0.f;
     }
   }
+  // The next row's inputs are loaded before this row's reductions (software pipelining): a block has one row in
+  // flight otherwise, and its two barriers per row left the loads waiting (2.0 TB/s at SigLIP's shape).
+  Pack<T, V> next_h[ITERS], next_g[ITERS], next_gh[ITERS];
+  auto load_row = [&](int64_t row) {
+    const int64_t base = row * p.width;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int j = it * blockDim.x + threadIdx.x;
+      if (j >= nvec) continue;
+      next_h[it] = load_pack(static_cast<const T*>(p.h) + base, j);
+      next_g[it] = load_pack(static_cast<const T*>(p.grad_y) + base, j);
+      if (p.grad_h != nullptr) next_gh[it] = load_pack(static_cast<const T*>(p.grad_h) + base, j);
+    }
+  };
+  if (blockIdx.x < p.rows) load_row(blockIdx.x);
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const float mean = p.mean[row], rstd = p.rstd[row];
     const int64_t base = row * p.width;
+    Pack<T, V> gh[ITERS];
     float n[ITERS][V], g[ITERS][V];
     float sum_g = 0.f, dot = 0.f;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
       const int j = it * blockDim.x + threadIdx.x;
       if (j >= nvec) continue;
-      const Pack<T, V> hp = load_pack(static_cast<const T*>(p.h) + base, j);
-      const Pack<T, V> gp = load_pack(static_cast<const T*>(p.grad_y) + base, j);
+      const Pack<T, V> hp = next_h[it];
+      const Pack<T, V> gp = next_g[it];
+      gh[it] = next_gh[it];
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         n[it][k] = (to_float(hp.v[k]) - mean) * rstd;
@@ -421,6 +511,7 @@ __global__ void __launch_bounds__(kMaxThreads) layer_norm_bwd_kernel(const Layer
         dot += g[it][k] * n[it][k];
       }
     }
+    if (row + gridDim.x < p.rows) load_row(row + gridDim.x);
     sum_g = block_sum_all(sum_g) * inv_width;
     dot = block_sum_all(dot) * inv_width;
 #pragma unroll
@@ -429,9 +520,8 @@ __global__ void __launch_bounds__(kMaxThreads) layer_norm_bwd_kernel(const Layer
       if (j >= nvec) continue;
       float extra[V] = {};
       if (p.grad_h != nullptr) {
-        const Pack<T, V> ghp = load_pack(static_cast<const T*>(p.grad_h) + base, j);
 #pragma unroll
-        for (int k = 0; k < V; ++k) extra[k] = to_float(ghp.v[k]);
+        for (int k = 0; k < V; ++k) extra[k] = to_float(gh[it].v[k]);
       }
       Pack<T, V> out;
 #pragma unroll
@@ -506,6 +596,35 @@ int64_t layer_norm_bwd_blocks(int64_t rows) {
 }
 
 void launch_layer_norm_fwd(const LayerNormFwdParams& p, CUstream_st* stream) {
+  const int vec = p.dtype == ActDtype::kBf16 ? kVec<__nv_bfloat16> : kVec<float>;
+  const int64_t lane_iters = (p.width / vec + 31) / 32;
+  if (width_ok(p.dtype, p.width) && lane_iters <= kWarpMaxIters) {
+    // One warp per row; the instantiations cover 2, 4, 5 (SigLIP) and 8 vectors per lane.
+    if (p.rows == 0) return;
+    NvtxRange range("vlatune::layer_norm_fwd");
+    const auto blocks = static_cast<unsigned>((p.rows + kWarpRows - 1) / kWarpRows);
+    auto launch = [&](auto zero, auto iters) {
+      layer_norm_fwd_warp_kernel<decltype(zero), decltype(iters)::value><<<blocks, kWarpRows * 32, 0, stream>>>(p);
+    };
+    auto typed = [&](auto zero) {
+      if (lane_iters <= 2) {
+        launch(zero, std::integral_constant<int, 2>{});
+      } else if (lane_iters <= 4) {
+        launch(zero, std::integral_constant<int, 4>{});
+      } else if (lane_iters == 5) {
+        launch(zero, std::integral_constant<int, 5>{});
+      } else {
+        launch(zero, std::integral_constant<int, kWarpMaxIters>{});
+      }
+    };
+    if (p.dtype == ActDtype::kBf16) {
+      typed(__nv_bfloat16{});
+    } else {
+      typed(0.0f);
+    }
+    VLATUNE_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   launch_norm("launch_layer_norm_fwd", "vlatune::layer_norm_fwd", p, p.rows, [&](auto zero, auto iters, int threads) {
     layer_norm_fwd_kernel<decltype(zero), decltype(iters)::value>
         <<<static_cast<unsigned>(p.rows), threads, 0, stream>>>(p);

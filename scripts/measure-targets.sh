@@ -20,7 +20,8 @@
 # Options: --tests SPEC (Catch2 spec of the GPU tests; default "[gpu]"), --grid DIR, --train-steps N (default 14),
 #          --fp8-recipe FILE, --pack, --only-gates (GPU 0: the perf gate only; GPU 1: the numerics gate and the grid),
 #          --pairs-only (the two vlatune-vs-reference pairs and the GPU tests; no profile, gates or grid),
-#          --no-build (reuse build-gpu/ from an earlier call on the same warm machine).
+#          --no-build (reuse build-gpu/ from an earlier call on the same warm machine),
+#          --bench-filter REGEX (GPU 0's microbenchmarks before its pair; default 'fp8_geglu_cast').
 #
 # Same work as the reference: vlatune's target runs do not trim the text padding. The recipes trained (the default
 # recipe for bf16, --fp8-recipe for FP8) are copied into $OUT with "data.trim_text": false, because trimming counts
@@ -39,6 +40,7 @@ only_gates=0
 pairs_only=0
 build=1
 pack=0
+bench_filter='fp8_geglu_cast'
 while [ $# -gt 0 ]; do
   case "$1" in
     --tests) tests="$2"; shift 2 ;;
@@ -49,6 +51,7 @@ while [ $# -gt 0 ]; do
     --pairs-only) pairs_only=1; shift ;;
     --no-build) build=0; shift ;;
     --pack) pack=1; shift ;;
+    --bench-filter) bench_filter="$2"; shift 2 ;;
     *) echo "measure-targets: unknown option '$1'" >&2; exit 4 ;;
   esac
 done
@@ -111,7 +114,7 @@ gpu1_pid=$!
   export CUDA_VISIBLE_DEVICES=0
   [ "$only_gates" = 1 ] ||
     OUT="$out/g0" bash scripts/gpu-check.sh --no-build --no-ctest --test-filter "$tests" \
-      --bench-filter 'fp8_geglu_cast' --bench-repetitions 3 --ref compiled --train-steps "$train_steps" \
+      --bench-filter "$bench_filter" --bench-repetitions 3 --ref compiled --train-steps "$train_steps" \
       --train-recipes "$bf16_recipe"
   if [ "$pairs_only" = 0 ]; then
     echo "$(elapsed) perf gate: baseline, then a gate run against it"
