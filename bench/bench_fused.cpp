@@ -261,8 +261,8 @@ void BM_joint_attention(benchmark::State& state) {
     auto mask = (((block.unsqueeze(0) <= block.unsqueeze(1)).unsqueeze(0) & valid.unsqueeze(1)) | eye).unsqueeze(1);
     fn = [mask, scale](const std::vector<torch::Tensor>& x) {
       auto heads = [](const torch::Tensor& t) { return t.view({kBatch, n, t.size(1), kHeadDim}).transpose(1, 2); };
-      return std::vector<torch::Tensor>{at::scaled_dot_product_attention(
-          heads(x[0]), heads(x[1]), heads(x[2]), mask, 0.0, false, scale, /*enable_gqa=*/true)};
+      return std::vector<torch::Tensor>{at::scaled_dot_product_attention(heads(x[0]), heads(x[1]), heads(x[2]), mask,
+                                                                         0.0, false, scale, /*enable_gqa=*/true)};
     };
   } else {
     const auto backend = impl == 2 ? k::VarlenBackend::kCudnn : k::VarlenBackend::kFlash;

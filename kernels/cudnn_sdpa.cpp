@@ -28,8 +28,8 @@ std::string describe(const SdpaProblem& p) {
   };
   std::ostringstream s;
   s << "batch " << p.batch << ", heads " << p.heads << "/" << p.kv_heads << ", seq " << p.seq_q << "x" << p.seq_kv
-    << ", head_dim " << p.head_dim << (p.padding_mask ? ", padding mask" : ", no mask") << ", strides q" << dims(p.q_stride) << " k" << dims(p.k_stride) << " v"
-    << dims(p.v_stride) << " o" << dims(p.o_stride);
+    << ", head_dim " << p.head_dim << (p.padding_mask ? ", padding mask" : ", no mask") << ", strides q"
+    << dims(p.q_stride) << " k" << dims(p.k_stride) << " v" << dims(p.v_stride) << " o" << dims(p.o_stride);
   return s.str();
 }
 
@@ -71,9 +71,9 @@ using Key = std::tuple<bool, int, int64_t, int64_t, int64_t, int64_t, int64_t, i
                        std::array<int64_t, 4>, std::array<int64_t, 4>, float, bool>;
 
 Key key_of(const SdpaProblem& p, bool backward, int device) {
-  return {backward,   device,      p.batch,     p.heads,     p.kv_heads, p.seq_q,         p.seq_kv,
-          p.head_dim, p.q_stride,  p.k_stride,  p.v_stride,  p.o_stride, p.dq_stride,     p.dk_stride,
-          p.dv_stride, p.scale,    p.padding_mask};
+  return {backward,    device,      p.batch,     p.heads,    p.kv_heads,    p.seq_q,
+          p.seq_kv,    p.head_dim,  p.q_stride,  p.k_stride, p.v_stride,    p.o_stride,
+          p.dq_stride, p.dk_stride, p.dv_stride, p.scale,    p.padding_mask};
 }
 
 struct Built {
@@ -81,11 +81,13 @@ struct Built {
   int64_t workspace = 0;
 };
 
-std::vector<int64_t> vec(const std::array<int64_t, 4>& a) { return {a[0], a[1], a[2], a[3]}; }
+std::vector<int64_t> vec(const std::array<int64_t, 4>& a) {
+  return {a[0], a[1], a[2], a[3]};
+}
 
 Built build(const SdpaProblem& p, bool backward, cudnnHandle_t handle) {
-  if (p.batch <= 0 || p.heads <= 0 || p.kv_heads <= 0 || p.heads % p.kv_heads != 0 || p.seq_q <= 0 ||
-      p.seq_kv <= 0 || p.head_dim <= 0)
+  if (p.batch <= 0 || p.heads <= 0 || p.kv_heads <= 0 || p.heads % p.kv_heads != 0 || p.seq_q <= 0 || p.seq_kv <= 0 ||
+      p.head_dim <= 0)
     fail(p, "sizes must be positive and heads a multiple of kv_heads");
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(fe::DataType_t::BFLOAT16)
@@ -93,8 +95,8 @@ Built build(const SdpaProblem& p, bool backward, cudnnHandle_t handle) {
       .set_compute_data_type(fe::DataType_t::FLOAT);
   const int64_t b = p.batch, h = p.heads, hk = p.kv_heads, sq = p.seq_q, skv = p.seq_kv, d = p.head_dim;
   auto bf16 = [&](const char* name, Uid uid, std::vector<int64_t> dim, const std::array<int64_t, 4>& stride) {
-    return g->tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(std::move(dim)).set_stride(
-        vec(stride)));
+    return g->tensor(
+        fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(std::move(dim)).set_stride(vec(stride)));
   };
   auto lengths = [&](const char* name, Uid uid) {
     return g->tensor(fe::graph::Tensor_attributes()
@@ -116,8 +118,11 @@ Built build(const SdpaProblem& p, bool backward, cudnnHandle_t handle) {
     if (p.padding_mask) options.set_padding_mask(true).set_seq_len_q(seq_q()).set_seq_len_kv(seq_kv());
     auto [o, stats] = g->sdpa(q, k, v, options);
     o->set_output(true).set_uid(kO).set_dim({b, h, sq, d}).set_stride(vec(p.o_stride));
-    stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT).set_dim(stats_dim).set_stride(
-        stats_stride);
+    stats->set_output(true)
+        .set_uid(kStats)
+        .set_data_type(fe::DataType_t::FLOAT)
+        .set_dim(stats_dim)
+        .set_stride(stats_stride);
   } else {
     auto o = bf16("O", kO, {b, h, sq, d}, p.o_stride);
     auto d_o = bf16("dO", kDO, {b, h, sq, d}, p.o_stride);
@@ -169,7 +174,9 @@ void execute(const SdpaProblem& p, const Built& built, std::unordered_map<int64_
 
 }  // namespace
 
-bool cudnn_sdpa_compiled() { return true; }
+bool cudnn_sdpa_compiled() {
+  return true;
+}
 
 std::string cudnn_sdpa_check(const SdpaProblem& p, int device) {
   int previous = 0;
@@ -222,9 +229,13 @@ void cudnn_sdpa_backward(const SdpaProblem& p, const SdpaBackwardArgs& args, con
 
 #else  // no cudnn_frontend headers in this build
 
-bool cudnn_sdpa_compiled() { return false; }
+bool cudnn_sdpa_compiled() {
+  return false;
+}
 
-std::string cudnn_sdpa_check(const SdpaProblem&, int) { return "built without the cuDNN frontend"; }
+std::string cudnn_sdpa_check(const SdpaProblem&, int) {
+  return "built without the cuDNN frontend";
+}
 
 void cudnn_sdpa_forward(const SdpaProblem& p, const SdpaForwardArgs&, const SdpaWorkspace&, cudaStream_t) {
   throw std::runtime_error("cudnn_sdpa (" + describe(p) + "): built without the cuDNN frontend");

@@ -1,6 +1,6 @@
 // cuDNN's fused attention (its Hopper flash kernels) through the cudnn_frontend graph API, with a padding mask
-// (in sample b only queries [0, seq_q[b]) and keys [0, seq_kv[b]) take part) or without a mask. Torch-free (raw pointers, element
-// strides) so that the heavy frontend headers stay in one translation unit (cudnn_sdpa.cpp).
+// (in sample b only queries [0, seq_q[b]) and keys [0, seq_kv[b]) take part) or without a mask. Torch-free (raw
+// pointers, element strides) so that the heavy frontend headers stay in one translation unit (cudnn_sdpa.cpp).
 //
 // Why: Pi0.5's joint mask is a key-padding mask per sample once the keys are ordered valid-first
 // (varlen_attention.h). cuDNN reads a padding mask as two lengths per sample and skips the tiles past them, where

@@ -216,8 +216,8 @@ GemmTuning gemm_tuning_mode() {
   int state = g_tuning.load(std::memory_order_relaxed);
   if (state < 0) {
     int expected = -1;
-    g_tuning.compare_exchange_strong(
-        expected, static_cast<int>(gemm_tuning_mode_from_env(std::getenv("VLATUNE_GEMM_TUNING"))));
+    g_tuning.compare_exchange_strong(expected,
+                                     static_cast<int>(gemm_tuning_mode_from_env(std::getenv("VLATUNE_GEMM_TUNING"))));
     state = g_tuning.load();
   }
   return static_cast<GemmTuning>(state);

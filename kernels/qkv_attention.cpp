@@ -115,9 +115,9 @@ bool qkv_attention_supported(const at::Tensor& qkv, int64_t heads) {
   std::lock_guard<std::mutex> lock(mutex);
   auto it = checked.find(key);
   if (it == checked.end()) {
-    const std::string why = cudnn_sdpa_check(
-        qkv_problem(qkv.size(0), qkv.size(1), width, heads, 1.0 / std::sqrt(static_cast<double>(d))),
-        qkv.device().index());
+    const std::string why =
+        cudnn_sdpa_check(qkv_problem(qkv.size(0), qkv.size(1), width, heads, 1.0 / std::sqrt(static_cast<double>(d))),
+                         qkv.device().index());
     it = checked.emplace(key, why.empty()).first;
   }
   return it->second;

@@ -273,8 +273,9 @@ VarlenLayout joint_varlen_layout(const at::Tensor& valid, int64_t prefix_len, bo
   layout.prefix_len = p;
   layout.suffix_len = s;
   if (backend == VarlenBackend::kCudnn) {
-    if (p == 0 || s == 0) fail("the cuDNN layout needs prefix and suffix positions (P " + std::to_string(p) +
-                               ", S " + std::to_string(s) + ")");
+    if (p == 0 || s == 0)
+      fail("the cuDNN layout needs prefix and suffix positions (P " + std::to_string(p) + ", S " + std::to_string(s) +
+           ")");
     // Within sample b: suffix key j at buffer row j, the r-th valid prefix key at S + r, the r-th padded one at
     // S + valid + r.
     const at::Tensor padded_rank = vp.logical_not().to(at::kLong).cumsum(1) - 1;
@@ -347,7 +348,9 @@ bool varlen_attention_supported(const at::Tensor& x, int64_t head_dim) {
 #endif
 }
 
-const char* to_string(VarlenBackend backend) { return backend == VarlenBackend::kCudnn ? "cudnn" : "flash"; }
+const char* to_string(VarlenBackend backend) {
+  return backend == VarlenBackend::kCudnn ? "cudnn" : "flash";
+}
 
 VarlenBackend choose_varlen_backend(const at::Tensor& x, const JointAttentionShape& shape) {
   const char* env = std::getenv("VLATUNE_VARLEN_BACKEND");
@@ -366,8 +369,7 @@ VarlenBackend choose_varlen_backend(const at::Tensor& x, const JointAttentionSha
   } else {
     // One check per shape and device (graph building is the cost; the graphs stay cached).
     static std::mutex mutex;
-    static std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double>, std::string>
-        checked;
+    static std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double>, std::string> checked;
     const int device = x.device().index();
     const auto key = std::make_tuple(device, shape.batch, shape.prefix_len, shape.suffix_len, shape.heads,
                                      shape.kv_heads, shape.head_dim, shape.scale);
