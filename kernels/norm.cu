@@ -325,10 +325,12 @@ __global__ void __launch_bounds__(kMaxThreads) adarms_norm_bwd_kernel(const AdaR
 
 // ------------------------------------------------------------------------------------------------ LayerNorm
 
-template <typename T, int ITERS>
-__global__ void __launch_bounds__(kMaxThreads) layer_norm_fwd_kernel(const LayerNormFwdParams p) {
+// One row of the LayerNorm forward, by `threads` threads of which this is `tid` (vector j = it * threads + tid);
+// `sum_all` sums a value over those threads: a block (block_sum_all) or a warp (warp_sum_all).
+template <typename T, int ITERS, typename SumAll>
+__device__ __forceinline__ void layer_norm_fwd_row(const LayerNormFwdParams& p, int64_t row, int tid, int threads,
+                                                   SumAll&& sum_all) {
   constexpr int V = kVec<T>;
-  const int64_t row = blockIdx.x;
   const int nvec = static_cast<int>(p.width / V);
   const int64_t base = row * p.width;
   const float inv_width = 1.f / static_cast<float>(p.width);
@@ -336,7 +338,7 @@ __global__ void __launch_bounds__(kMaxThreads) layer_norm_fwd_kernel(const Layer
   float sum = 0.f;
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
-    const int j = it * blockDim.x + threadIdx.x;
+    const int j = it * threads + tid;
     if (j >= nvec) continue;
     Pack<T, V> xp = load_pack(static_cast<const T*>(p.x) + base, j);
     if (p.delta != nullptr) {
@@ -351,12 +353,12 @@ __global__ void __launch_bounds__(kMaxThreads) layer_norm_fwd_kernel(const Layer
       sum += hv[it][k];
     }
   }
-  const float mean = block_sum_all(sum) * inv_width;
+  const float mean = sum_all(sum) * inv_width;
   // Two passes over the registers: the variance of the centred values (no cancellation).
   float ss = 0.f;
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
-    const int j = it * blockDim.x + threadIdx.x;
+    const int j = it * threads + tid;
     if (j >= nvec) continue;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
@@ -364,14 +366,14 @@ __global__ void __launch_bounds__(kMaxThreads) layer_norm_fwd_kernel(const Layer
       ss += c * c;
     }
   }
-  const float rstd = rsqrtf(block_sum_all(ss) * inv_width + p.eps);
-  if (threadIdx.x == 0) {
+  const float rstd = rsqrtf(sum_all(ss) * inv_width + p.eps);
+  if (tid == 0) {
     p.mean[row] = mean;
     p.rstd[row] = rstd;
   }
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
-    const int j = it * blockDim.x + threadIdx.x;
+    const int j = it * threads + tid;
     if (j >= nvec) continue;
     const Pack<float, 4>* w4 = reinterpret_cast<const Pack<float, 4>*>(p.weight + static_cast<int64_t>(j) * V);
     const Pack<float, 4>* b4 = reinterpret_cast<const Pack<float, 4>*>(p.bias + static_cast<int64_t>(j) * V);
@@ -384,8 +386,15 @@ __global__ void __launch_bounds__(kMaxThreads) layer_norm_fwd_kernel(const Layer
   }
 }
 
+// One block per row (rows up to kMaxThreads * kMaxIters vectors).
+template <typename T, int ITERS>
+__global__ void __launch_bounds__(kMaxThreads) layer_norm_fwd_kernel(const LayerNormFwdParams p) {
+  layer_norm_fwd_row<T, ITERS>(p, blockIdx.x, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x),
+                               [](float x) { return block_sum_all(x); });
+}
+
 // One warp per row for rows of at most 32 * kWarpMaxIters vectors (SigLIP: 1152 bf16 = 144 vectors, 4.5 per
-// lane), kWarpRows rows per block: shuffles instead of block barriers. The block-per-row kernel above ran SigLIP's
+// lane), kWarpRows rows per block: shuffles instead of block barriers. The block-per-row kernel ran SigLIP's
 // LayerNorm at 2.5 TB/s of the 4.3 the H200 copies at (61 us per call at batch 32; RESULTS "fourth session"): its
 // two block reductions per 2.3 KB row were latency, not bandwidth.
 constexpr int kWarpRows = 4;
@@ -399,62 +408,10 @@ __device__ __forceinline__ float warp_sum_all(float x) {
 
 template <typename T, int ITERS>
 __global__ void __launch_bounds__(kWarpRows * 32) layer_norm_fwd_warp_kernel(const LayerNormFwdParams p) {
-  constexpr int V = kVec<T>;
-  const int lane = static_cast<int>(threadIdx.x & 31);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpRows + (threadIdx.x >> 5);
-  if (row >= p.rows) return;  // whole warps leave: the shuffles below see full warps
-  const int nvec = static_cast<int>(p.width / V);
-  const int64_t base = row * p.width;
-  const float inv_width = 1.f / static_cast<float>(p.width);
-  float hv[ITERS][V];
-  float sum = 0.f;
-#pragma unroll
-  for (int it = 0; it < ITERS; ++it) {
-    const int j = it * 32 + lane;
-    if (j >= nvec) continue;
-    Pack<T, V> xp = load_pack(static_cast<const T*>(p.x) + base, j);
-    if (p.delta != nullptr) {
-      const Pack<T, V> dp = load_pack(static_cast<const T*>(p.delta) + base, j);
-#pragma unroll
-      for (int k = 0; k < V; ++k) xp.v[k] = from_float<T>(to_float(xp.v[k]) + to_float(dp.v[k]));
-      store_pack(static_cast<T*>(p.h) + base, j, xp);
-    }
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      hv[it][k] = to_float(xp.v[k]);
-      sum += hv[it][k];
-    }
-  }
-  const float mean = warp_sum_all(sum) * inv_width;
-  float ss = 0.f;  // the variance of the centred values (no cancellation), as the block kernel
-#pragma unroll
-  for (int it = 0; it < ITERS; ++it) {
-    const int j = it * 32 + lane;
-    if (j >= nvec) continue;
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const float c = hv[it][k] - mean;
-      ss += c * c;
-    }
-  }
-  const float rstd = rsqrtf(warp_sum_all(ss) * inv_width + p.eps);
-  if (lane == 0) {
-    p.mean[row] = mean;
-    p.rstd[row] = rstd;
-  }
-#pragma unroll
-  for (int it = 0; it < ITERS; ++it) {
-    const int j = it * 32 + lane;
-    if (j >= nvec) continue;
-    const Pack<float, 4>* w4 = reinterpret_cast<const Pack<float, 4>*>(p.weight + static_cast<int64_t>(j) * V);
-    const Pack<float, 4>* b4 = reinterpret_cast<const Pack<float, 4>*>(p.bias + static_cast<int64_t>(j) * V);
-    Pack<T, V> out;
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      out.v[k] = from_float<T>((hv[it][k] - mean) * rstd * w4[k / 4].v[k % 4] + b4[k / 4].v[k % 4]);
-    }
-    store_pack(static_cast<T*>(p.y) + base, j, out);
-  }
+  if (row >= p.rows) return;  // whole warps leave: the shuffles see full warps
+  layer_norm_fwd_row<T, ITERS>(p, row, static_cast<int>(threadIdx.x & 31), 32,
+                               [](float x) { return warp_sum_all(x); });
 }
 
 template <typename T, int ITERS>
