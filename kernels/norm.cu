@@ -410,8 +410,7 @@ template <typename T, int ITERS>
 __global__ void __launch_bounds__(kWarpRows * 32) layer_norm_fwd_warp_kernel(const LayerNormFwdParams p) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpRows + (threadIdx.x >> 5);
   if (row >= p.rows) return;  // whole warps leave: the shuffles see full warps
-  layer_norm_fwd_row<T, ITERS>(p, row, static_cast<int>(threadIdx.x & 31), 32,
-                               [](float x) { return warp_sum_all(x); });
+  layer_norm_fwd_row<T, ITERS>(p, row, static_cast<int>(threadIdx.x & 31), 32, [](float x) { return warp_sum_all(x); });
 }
 
 template <typename T, int ITERS>
