@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cudnn_sdpa.h"
 #include "kernels/qkv_attention.h"
 #include "kernels/varlen_attention.h"
 #include "tensor_test_util.h"
@@ -114,6 +115,24 @@ TEST_CASE("choose_varlen_backend reads VLATUNE_VARLEN_BACKEND", "[varlen][kernel
   }
   unsetenv("VLATUNE_VARLEN_BACKEND");
   CHECK(std::string(k::to_string(k::VarlenBackend::kCudnn)) == "cudnn");
+}
+
+TEST_CASE("The cuDNN attention entry points refuse the CPU and describe their problem", "[varlen][kernels]") {
+  CHECK_FALSE(k::qkv_attention_supported(torch::zeros({2, 4, 3 * 64}, torch::kBFloat16), 1));
+  CHECK_THROWS_WITH(k::qkv_attention(torch::zeros({2, 4, 3 * 64}, torch::kBFloat16), 1, 0.125),
+                    Catch::Contains("qkv_attention: "));
+  k::SdpaProblem p;
+  p.batch = 32;
+  p.heads = 8;
+  p.kv_heads = 1;
+  p.seq_q = 50;
+  p.seq_kv = 762;
+  p.head_dim = 256;
+  p.q_stride = {762 * 8 * 256, 256, 8 * 256, 1};
+  const std::string text = k::describe(p);
+  CHECK_THAT(text, Catch::Contains("batch 32, heads 8/1, seq 50x762, head_dim 256, padding mask"));
+  CHECK_THAT(text, Catch::Contains("q[1560576,256,2048,1]"));
+  if (!torch::cuda::is_available()) CHECK_FALSE(k::cudnn_sdpa_check(p, 0).empty());  // why not, never a crash
 }
 
 TEST_CASE("varlen_attention is not used on the CPU", "[varlen][kernels]") {
