@@ -137,9 +137,16 @@ struct GradBuckets::State {
     return "all-reduce of gradient group '" + groups[g].name + "'";
   }
 
-  // NCCL averages inside the collective (ReduceOp::AVG); Gloo sums and finish() divides.
-  bool average_in_collective() const {
-    return pg->supports_average();
+  // The mean over ranks: NCCL averages inside the collective (ReduceOp::AVG); Gloo sums, and complete_mean divides
+  // once the collective has finished.
+  std::unique_ptr<ProcessGroup::Pending> start_mean(at::Tensor& t, const std::string& what) {
+    return pg->supports_average() ? pg->allreduce_average(t, what) : pg->allreduce_sum(t, what);
+  }
+  std::unique_ptr<ProcessGroup::Pending> start_mean(std::vector<at::Tensor>& ts, const std::string& what) {
+    return pg->supports_average() ? pg->allreduce_coalesced_average(ts, what) : pg->allreduce_coalesced_sum(ts, what);
+  }
+  void complete_mean(at::Tensor& t) const {
+    if (!pg->supports_average()) t.div_(static_cast<double>(pg->size()));
   }
 
   // On the launching thread's current stream (CUDA: the compute stream, which then owns every .grad it frees
@@ -186,12 +193,12 @@ struct GradBuckets::State {
     at::Tensor values = rows_of(r).index_select(0, r.index);
     r.values = values.scalar_type() == reduce_dtype ? values : values.to(reduce_dtype);
     const std::string what = "all-reduce of the non-zero rows' gradients of " + names[r.param];
-    r.pending = average_in_collective() ? pg->allreduce_average(r.values, what) : pg->allreduce_sum(r.values, what);
+    r.pending = start_mean(r.values, what);
   }
 
   void finish_rows(RowSparse& r) {
     r.pending->wait();
-    if (!average_in_collective()) r.values.div_(static_cast<double>(pg->size()));
+    complete_mean(r.values);
     at::Tensor grad_rows = rows_of(r);
     grad_rows.index_copy_(
         0, r.index,
@@ -206,7 +213,7 @@ struct GradBuckets::State {
   }
 
   void unpack(size_t g) {
-    if (!average_in_collective()) flat[g].div_(static_cast<double>(pg->size()));
+    complete_mean(flat[g]);
     for (size_t p : dense[g]) {
       at::Tensor& param = params[p];
       param.mutable_grad().copy_(flat[g].narrow(0, offset[p], param.numel()).view(param.sizes()));
@@ -217,14 +224,12 @@ struct GradBuckets::State {
     if (dense[g].empty()) return;
     if (!groups[g].in_place) {
       pack(g);
-      pending[g] =
-          average_in_collective() ? pg->allreduce_average(flat[g], what(g)) : pg->allreduce_sum(flat[g], what(g));
+      pending[g] = start_mean(flat[g], what(g));
       return;
     }
     in_place[g].clear();
     for (size_t p : dense[g]) in_place[g].push_back(params[p].grad());
-    pending[g] = average_in_collective() ? pg->allreduce_coalesced_average(in_place[g], what(g))
-                                         : pg->allreduce_coalesced_sum(in_place[g], what(g));
+    pending[g] = start_mean(in_place[g], what(g));
   }
 
   void finish_dense(size_t g) {
@@ -232,8 +237,8 @@ struct GradBuckets::State {
     pending[g]->wait();  // NCCL: the current stream waits for NCCL's
     if (!groups[g].in_place) {
       unpack(g);
-    } else if (!average_in_collective()) {
-      for (at::Tensor& grad : in_place[g]) grad.div_(static_cast<double>(pg->size()));
+    } else {
+      for (at::Tensor& grad : in_place[g]) complete_mean(grad);
     }
   }
 
