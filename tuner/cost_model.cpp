@@ -296,6 +296,18 @@ CostModel build_cost_model(const formats::Profile& profile, const std::string& f
   for (int g : gemm_units) gemm_of[profile.gemms[static_cast<size_t>(g)].name] = g;
   int gemm_estimates = 0;
   std::string gemm_estimate;
+  // A profile made with --gemm-reps 0 has no GEMM timings (zeros): a merged GEMM's forward is then costed from its
+  // FLOPs at the step's own GEMM rate (the GEMM kernels' time per step over the inventory's forward, input- and
+  // weight-gradient FLOPs), never as free.
+  double step_gemm_tflops = 0;
+  {
+    double gemm_ms = 0, flops = 0;
+    for (const formats::KernelStat& kernel : b0.kernels)
+      if (kernel.category == "gemm") gemm_ms += kernel.ms;
+    for (const formats::GemmEntry& e : profile.gemms)
+      flops += 3.0 * 2.0 * static_cast<double>(e.m) * static_cast<double>(e.n) * static_cast<double>(e.k);
+    if (gemm_ms > 0 && flops > 0) step_gemm_tflops = flops / (gemm_ms * 1e9);
+  }
   for (size_t k : order) {
     UnitModel u;
     u.spec = specs[k];
@@ -318,6 +330,13 @@ CostModel build_cost_model(const formats::Profile& profile, const std::string& f
         const double total = e.fp8->total(), quant = e.quant_ms.value_or(0.0);
         ms = e.fp8->forward_ms + (total > 0 ? quant * e.fp8->forward_ms / total : 0.0);
         time_source = "its FP8 forward GEMM + its share of quant_ms (the profiled recipe runs it in FP8)";
+      }
+      if (!(ms > 0)) {
+        if (!(step_gemm_tflops > 0)) continue;  // no timing and no GEMM rate: not a candidate it can cost
+        ms = 2.0 * static_cast<double>(e.m) * static_cast<double>(e.n) * static_cast<double>(e.k) /
+             (step_gemm_tflops * 1e9);
+        time_source = "no GEMM timing in the profile (--gemm-reps 0): 2 m n k at the step's GEMM rate, " +
+                      fmt(step_gemm_tflops) + " TFLOP/s";
       }
       double bytes = static_cast<double>(e.m) * static_cast<double>(e.n) * 2.0;
       std::string bytes_source =

@@ -103,6 +103,35 @@ TEST_CASE("without an A/B row the gate+up units are sized from the GEMM inventor
   CHECK(noted);
 }
 
+TEST_CASE("without GEMM timings (--gemm-reps 0) a gate+up unit costs its FLOPs at the step's GEMM rate, not zero",
+          "[tuner][cost][gate_up]") {
+  formats::Profile p = h200();
+  for (auto& g : p.gemms) g.bf16 = formats::GemmTimes{};  // what `vlatune profile --gemm-reps 0` records
+  double gemm_ms = 0, flops = 0;
+  for (const auto& k : p.batches[0].kernels)
+    if (k.category == "gemm") gemm_ms += k.ms;
+  for (const auto& g : p.gemms)
+    flops += 6.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
+  REQUIRE(gemm_ms > 0);
+  const double tflops = flops / (gemm_ms * 1e9);
+  CHECK(tflops > 100);  // a plausible H200 bf16 rate, not a unit slip
+  CHECK(tflops < 1000);
+  const CostModel m = build_cost_model(p, kH200);
+  const formats::GemmEntry& g = gemm_named(p, gate_up(3));
+  const UnitModel& u = unit_named(m, gate_up(3));
+  const double b = static_cast<double>(m.profiled_batch);
+  const double expected_ms =
+      2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k) / (tflops * 1e9);
+  CHECK(u.recompute_ms.at(b) == Approx(expected_ms));
+  CHECK(u.recompute_ms.at(b) > 1.0);  // 3 TFLOP of forward GEMM: milliseconds, never free
+  CHECK(u.estimate.find("no GEMM timing in the profile (--gemm-reps 0)") != std::string::npos);
+  // So with room to spare the plan recomputes nothing, where a free recompute won every unit before.
+  PlanOptions o;
+  o.batch = 32;
+  const PlanResult r = plan(p, kH200, o);
+  CHECK(r.recipe.recompute.modules.empty());
+}
+
 TEST_CASE("the gate+up unit's time follows the profiled FP8 set, and its bytes a recorded output size",
           "[tuner][cost][gate_up]") {
   formats::Profile p = h200();
