@@ -166,6 +166,7 @@ int current_device() {
 
 void execute(const SdpaProblem& p, const Built& built, std::unordered_map<int64_t, void*>& pack,
              const SdpaWorkspace& workspace, cudaStream_t stream, int device) {
+  if (!p.padding_mask) pack.erase(kSeqQ), pack.erase(kSeqKv);  // no lengths in a graph without the mask
   cudnnHandle_t handle = thread_handle(device);
   check_cudnn(cudnnSetStream(handle, stream), "cudnnSetStream");
   void* ws = built.workspace > 0 ? workspace(static_cast<size_t>(built.workspace)) : nullptr;
@@ -179,6 +180,13 @@ bool cudnn_sdpa_compiled() {
 }
 
 std::string cudnn_sdpa_check(const SdpaProblem& p, int device) {
+  // One answer per problem and device for the process: callers may ask on every forward, and a refusal costs as
+  // much to find again as a success.
+  static std::mutex mutex;
+  static std::map<Key, std::string> answers;
+  const Key key = key_of(p, false, device);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = answers.find(key); it != answers.end()) return it->second;
   int previous = 0;
   if (cudaGetDevice(&previous) != cudaSuccess) return "no CUDA device";
   if (cudaSetDevice(device) != cudaSuccess) return "cannot select CUDA device " + std::to_string(device);
@@ -190,6 +198,7 @@ std::string cudnn_sdpa_check(const SdpaProblem& p, int device) {
     why = e.what();
   }
   cudaSetDevice(previous);
+  answers.emplace(key, why);
   return why;
 }
 
@@ -204,7 +213,6 @@ void cudnn_sdpa_forward(const SdpaProblem& p, const SdpaForwardArgs& args, const
                                           {kSeqKv, const_cast<int32_t*>(args.seq_kv)},
                                           {kO, args.o},
                                           {kStats, args.stats}};
-  if (!p.padding_mask) pack.erase(kSeqQ), pack.erase(kSeqKv);
   execute(p, built, pack, workspace, stream, device);
 }
 
@@ -223,7 +231,6 @@ void cudnn_sdpa_backward(const SdpaProblem& p, const SdpaBackwardArgs& args, con
                                           {kDQ, args.dq},
                                           {kDK, args.dk},
                                           {kDV, args.dv}};
-  if (!p.padding_mask) pack.erase(kSeqQ), pack.erase(kSeqKv);
   execute(p, built, pack, workspace, stream, device);
 }
 

@@ -54,7 +54,9 @@ using SdpaWorkspace = std::function<void*(size_t bytes)>;
 // Whether this build has the cuDNN frontend (CMake found cudnn_frontend.h and libcudnn).
 bool cudnn_sdpa_compiled();
 
-// "" when cuDNN builds both graphs of `p` on `device` (they are then cached for this thread), else why not.
+// "" when cuDNN builds both graphs of `p` on `device`, else why not. Answered once per problem and device for the
+// process (cheap to ask again); the graphs stay cached for the thread that first asked, and other threads build
+// their own on first use.
 std::string cudnn_sdpa_check(const SdpaProblem& p, int device);
 
 // Queue the forward / backward on `stream` (the current device's). Throws std::runtime_error naming the problem

@@ -4,19 +4,14 @@
 #include <torch/torch.h>
 
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
-#include <map>
-#include <mutex>
 #include <stdexcept>
-#include <string>
-#include <tuple>
-#include <vector>
 
 #ifdef VLATUNE_HAVE_CUDA
 #include <ATen/cuda/CUDAContext.h>
 
 #include "kernels/cudnn_sdpa.h"
+#include "kernels/cudnn_sdpa_tensors.h"
+#include "kernels/varlen_attention.h"
 #endif
 
 namespace vlatune::kernels {
@@ -42,31 +37,20 @@ SdpaProblem qkv_problem(int64_t n, int64_t t, int64_t width, int64_t heads, doub
   return p;
 }
 
-char* at_offset(const at::Tensor& t, int64_t elements) {
-  return static_cast<char*>(t.data_ptr()) + elements * static_cast<int64_t>(t.element_size());
-}
-
-SdpaWorkspace workspace_into(std::vector<at::Tensor>& held, const at::TensorOptions& options) {
-  return [&held, options](size_t bytes) {
-    held.push_back(at::empty({static_cast<int64_t>(bytes)}, options.dtype(at::kByte)));
-    return held.back().data_ptr();
-  };
-}
-
 struct QkvAttentionFn : public torch::autograd::Function<QkvAttentionFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads, double scale) {
     const int64_t n = qkv.size(0), t = qkv.size(1), width = qkv.size(2) / 3;
     const SdpaProblem p = qkv_problem(n, t, width, heads, scale);
     at::Tensor out = at::empty({n, t, width}, qkv.options());
     at::Tensor stats = at::empty({n, heads, t}, qkv.options().dtype(at::kFloat));
-    std::vector<at::Tensor> held;
+    SdpaWorkspaces workspaces(qkv.options());
     SdpaForwardArgs a;
     a.q = qkv.data_ptr();
-    a.k = at_offset(qkv, width);
-    a.v = at_offset(qkv, 2 * width);
+    a.k = element_ptr(qkv, width);
+    a.v = element_ptr(qkv, 2 * width);
     a.o = out.data_ptr();
     a.stats = stats.data_ptr<float>();
-    cudnn_sdpa_forward(p, a, workspace_into(held, qkv.options()), at::cuda::getCurrentCUDAStream());
+    cudnn_sdpa_forward(p, a, workspaces.allocator(), at::cuda::getCurrentCUDAStream());
     ctx->save_for_backward({qkv, out, stats});
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["scale"] = scale;
@@ -81,18 +65,18 @@ struct QkvAttentionFn : public torch::autograd::Function<QkvAttentionFn> {
         qkv_problem(n, t, width, ctx->saved_data["heads"].toInt(), ctx->saved_data["scale"].toDouble());
     const at::Tensor d_out = grads[0].defined() ? grads[0].contiguous() : at::zeros_like(out);
     at::Tensor d_qkv = at::empty_like(qkv);
-    std::vector<at::Tensor> held;
+    SdpaWorkspaces workspaces(qkv.options());
     SdpaBackwardArgs a;
     a.q = qkv.data_ptr();
-    a.k = at_offset(qkv, width);
-    a.v = at_offset(qkv, 2 * width);
+    a.k = element_ptr(qkv, width);
+    a.v = element_ptr(qkv, 2 * width);
     a.o = out.data_ptr();
     a.d_o = d_out.data_ptr();
     a.stats = stats.data_ptr<float>();
     a.dq = d_qkv.data_ptr();
-    a.dk = at_offset(d_qkv, width);
-    a.dv = at_offset(d_qkv, 2 * width);
-    cudnn_sdpa_backward(p, a, workspace_into(held, qkv.options()), at::cuda::getCurrentCUDAStream());
+    a.dk = element_ptr(d_qkv, width);
+    a.dv = element_ptr(d_qkv, 2 * width);
+    cudnn_sdpa_backward(p, a, workspaces.allocator(), at::cuda::getCurrentCUDAStream());
     return {d_qkv, at::Tensor(), at::Tensor()};
   }
 };
@@ -102,25 +86,16 @@ struct QkvAttentionFn : public torch::autograd::Function<QkvAttentionFn> {
 
 bool qkv_attention_supported(const at::Tensor& qkv, int64_t heads) {
 #ifdef VLATUNE_HAVE_CUDA
-  if (const char* env = std::getenv("VLATUNE_VARLEN_BACKEND"); env != nullptr && std::strcmp(env, "flash") == 0)
-    return false;
+  if (varlen_backend_setting() == "flash") return false;
   if (!cudnn_sdpa_compiled() || !qkv.defined() || !qkv.is_cuda() || qkv.scalar_type() != at::kBFloat16 ||
       qkv.dim() != 3 || !qkv.is_contiguous() || heads <= 0 || qkv.size(2) % (3 * heads) != 0)
     return false;
   const int64_t width = qkv.size(2) / 3, d = width / heads;
   if (d % 8 != 0 || d > 256) return false;
-  static std::mutex mutex;
-  static std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t>, bool> checked;
-  const auto key = std::make_tuple(static_cast<int>(qkv.device().index()), qkv.size(0), qkv.size(1), width, heads);
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = checked.find(key);
-  if (it == checked.end()) {
-    const std::string why =
-        cudnn_sdpa_check(qkv_problem(qkv.size(0), qkv.size(1), width, heads, 1.0 / std::sqrt(static_cast<double>(d))),
-                         qkv.device().index());
-    it = checked.emplace(key, why.empty()).first;
-  }
-  return it->second;
+  // cudnn_sdpa_check answers each shape once.
+  return cudnn_sdpa_check(qkv_problem(qkv.size(0), qkv.size(1), width, heads, 1.0 / std::sqrt(static_cast<double>(d))),
+                          qkv.device().index())
+      .empty();
 #else
   (void)qkv;
   (void)heads;

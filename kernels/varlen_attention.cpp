@@ -7,17 +7,17 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
-#include <map>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #ifdef VLATUNE_HAVE_CUDA
 #include <ATen/cuda/CUDAContext.h>
 
 #include "kernels/cudnn_sdpa.h"
+#include "kernels/cudnn_sdpa_tensors.h"
 #endif
 
 namespace vlatune::kernels {
@@ -115,23 +115,6 @@ JointProblems joint_problems(const JointAttentionShape& shape, bool prefix_queri
   return out;
 }
 
-char* at_offset(const at::Tensor& t, int64_t elements) {
-  return static_cast<char*>(t.data_ptr()) + elements * static_cast<int64_t>(t.element_size());
-}
-
-// Workspace from the caching allocator, alive until the call has been queued (stream-ordered reuse after that).
-struct Workspaces {
-  explicit Workspaces(at::TensorOptions o) : options(o.dtype(at::kByte)) {}
-  SdpaWorkspace fn() {
-    return [this](size_t bytes) {
-      held.push_back(at::empty({static_cast<int64_t>(bytes)}, options));
-      return held.back().data_ptr();
-    };
-  }
-  at::TensorOptions options;
-  std::vector<at::Tensor> held;
-};
-
 // args: q, k, v, kv_order, kv_grad_slot, the four int32 length tensors (only q, k, v differentiable). Outputs:
 // {prefix [B * P, H, D], suffix [B * S, H, D]}, or {suffix} without prefix queries.
 struct CudnnJointAttentionFn : public torch::autograd::Function<CudnnJointAttentionFn> {
@@ -150,27 +133,27 @@ struct CudnnJointAttentionFn : public torch::autograd::Function<CudnnJointAttent
     at::Tensor stats_suffix = at::empty({batch, h, suffix_len}, f32);
     at::Tensor out_prefix, stats_prefix;
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    Workspaces workspaces(q.options());
+    SdpaWorkspaces workspaces(q.options());
     SdpaForwardArgs a;
-    a.q = at_offset(q, problems.suffix_q_offset);
+    a.q = element_ptr(q, problems.suffix_q_offset);
     a.k = kb.data_ptr();
     a.v = vb.data_ptr();
     a.seq_q = suffix_seq_q.data_ptr<int32_t>();
     a.seq_kv = suffix_seq_kv.data_ptr<int32_t>();
     a.o = out_suffix.data_ptr();
     a.stats = stats_suffix.data_ptr<float>();
-    cudnn_sdpa_forward(problems.suffix, a, workspaces.fn(), stream);
+    cudnn_sdpa_forward(problems.suffix, a, workspaces.allocator(), stream);
     if (prefix_queries) {
       out_prefix = at::empty({batch * prefix_len, h, d}, q.options());
       stats_prefix = at::empty({batch, h, prefix_len}, f32);
       a.q = q.data_ptr();
-      a.k = at_offset(kb, problems.prefix_k_offset);
-      a.v = at_offset(vb, problems.prefix_k_offset);
+      a.k = element_ptr(kb, problems.prefix_k_offset);
+      a.v = element_ptr(vb, problems.prefix_k_offset);
       a.seq_q = prefix_seq_q.data_ptr<int32_t>();
       a.seq_kv = prefix_seq_kv.data_ptr<int32_t>();
       a.o = out_prefix.data_ptr();
       a.stats = stats_prefix.data_ptr<float>();
-      cudnn_sdpa_forward(problems.prefix, a, workspaces.fn(), stream);
+      cudnn_sdpa_forward(problems.prefix, a, workspaces.allocator(), stream);
     }
     // The key buffers are gathered again in backward (12.5 MB each) rather than kept.
     ctx->save_for_backward({q, k, v, out_prefix, out_suffix, stats_prefix, stats_suffix, kv_order, kv_grad_slot,
@@ -204,9 +187,9 @@ struct CudnnJointAttentionFn : public torch::autograd::Function<CudnnJointAttent
     // One extra row: the zero gradient of padded keys (kv_grad_slot points them there).
     at::Tensor dkb = at::empty({batch * n + 1, hk, d}, k.options()), dvb = at::empty_like(dkb);
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    Workspaces workspaces(q.options());
+    SdpaWorkspaces workspaces(q.options());
     SdpaBackwardArgs a;
-    a.q = at_offset(q, problems.suffix_q_offset);
+    a.q = element_ptr(q, problems.suffix_q_offset);
     a.k = kb.data_ptr();
     a.v = vb.data_ptr();
     a.o = out_suffix.data_ptr();
@@ -214,16 +197,16 @@ struct CudnnJointAttentionFn : public torch::autograd::Function<CudnnJointAttent
     a.stats = stats_suffix.data_ptr<float>();
     a.seq_q = suffix_seq_q.data_ptr<int32_t>();
     a.seq_kv = suffix_seq_kv.data_ptr<int32_t>();
-    a.dq = at_offset(dq, problems.suffix_q_offset);
+    a.dq = element_ptr(dq, problems.suffix_q_offset);
     a.dk = dkb.data_ptr();
     a.dv = dvb.data_ptr();
-    cudnn_sdpa_backward(problems.suffix, a, workspaces.fn(), stream);
+    cudnn_sdpa_backward(problems.suffix, a, workspaces.allocator(), stream);
     if (prefix_queries) {
       const at::Tensor d_prefix = grad_of(0, out_prefix);
       at::Tensor dkp = at::empty({batch * p, hk, d}, k.options()), dvp = at::empty_like(dkp);
       a.q = q.data_ptr();
-      a.k = at_offset(kb, problems.prefix_k_offset);
-      a.v = at_offset(vb, problems.prefix_k_offset);
+      a.k = element_ptr(kb, problems.prefix_k_offset);
+      a.v = element_ptr(vb, problems.prefix_k_offset);
       a.o = out_prefix.data_ptr();
       a.d_o = d_prefix.data_ptr();
       a.stats = stats_prefix.data_ptr<float>();
@@ -232,7 +215,7 @@ struct CudnnJointAttentionFn : public torch::autograd::Function<CudnnJointAttent
       a.dq = dq.data_ptr();
       a.dk = dkp.data_ptr();
       a.dv = dvp.data_ptr();
-      cudnn_sdpa_backward(problems.prefix, a, workspaces.fn(), stream);
+      cudnn_sdpa_backward(problems.prefix, a, workspaces.allocator(), stream);
       // A valid prefix key serves both calls: its gradient is the sum (padded rows: garbage, never read).
       auto prefix_rows = [&](const at::Tensor& buffer) {
         return buffer.narrow(0, 0, batch * n).view({batch, n, hk * d}).narrow(1, s, p);
@@ -352,11 +335,16 @@ const char* to_string(VarlenBackend backend) {
   return backend == VarlenBackend::kCudnn ? "cudnn" : "flash";
 }
 
-VarlenBackend choose_varlen_backend(const at::Tensor& x, const JointAttentionShape& shape) {
+std::string varlen_backend_setting() {
   const char* env = std::getenv("VLATUNE_VARLEN_BACKEND");
   const std::string wanted = env == nullptr ? "auto" : env;
   if (wanted != "auto" && wanted != "cudnn" && wanted != "flash")
     throw std::invalid_argument("VLATUNE_VARLEN_BACKEND='" + wanted + "': expected auto, cudnn or flash");
+  return wanted;
+}
+
+VarlenBackend choose_varlen_backend(const at::Tensor& x, const JointAttentionShape& shape) {
+  const std::string wanted = varlen_backend_setting();
   if (wanted == "flash") return VarlenBackend::kFlash;
   std::string why;
 #ifdef VLATUNE_HAVE_CUDA
@@ -367,27 +355,20 @@ VarlenBackend choose_varlen_backend(const at::Tensor& x, const JointAttentionSha
   } else if (shape.prefix_len <= 0 || shape.suffix_len <= 0) {
     why = "no prefix or no suffix positions";
   } else {
-    // One check per shape and device (graph building is the cost; the graphs stay cached).
-    static std::mutex mutex;
-    static std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double>, std::string> checked;
     const int device = x.device().index();
-    const auto key = std::make_tuple(device, shape.batch, shape.prefix_len, shape.suffix_len, shape.heads,
-                                     shape.kv_heads, shape.head_dim, shape.scale);
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = checked.find(key);
-    if (it == checked.end()) {
-      std::string reason;
-      for (bool prefix_queries : {true, false}) {
-        const JointProblems problems = joint_problems(shape, prefix_queries);
-        reason = cudnn_sdpa_check(problems.suffix, device);
-        if (reason.empty() && prefix_queries) reason = cudnn_sdpa_check(problems.prefix, device);
-        if (!reason.empty()) break;
-      }
-      if (!reason.empty() && wanted == "auto")
-        std::cerr << "vlatune: cuDNN attention unavailable, FlashAttention-2 instead: " << reason << "\n";
-      it = checked.emplace(key, reason).first;
+    for (bool prefix_queries : {true, false}) {  // cudnn_sdpa_check answers each problem once
+      const JointProblems problems = joint_problems(shape, prefix_queries);
+      why = cudnn_sdpa_check(problems.suffix, device);
+      if (why.empty() && prefix_queries) why = cudnn_sdpa_check(problems.prefix, device);
+      if (!why.empty()) break;
     }
-    why = it->second;
+    if (!why.empty() && wanted == "auto") {
+      static std::mutex mutex;
+      static std::set<std::string> reported;  // the notice once per refusal (the reason names the problem)
+      std::lock_guard<std::mutex> lock(mutex);
+      if (reported.insert(why).second)
+        std::cerr << "vlatune: cuDNN attention unavailable, FlashAttention-2 instead: " << why << "\n";
+    }
   }
 #else
   (void)x;

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -78,6 +79,9 @@ struct JointAttentionShape {
 // FlashAttention-2; "cudnn": cuDNN or an error with the reason; "flash": FlashAttention-2. `x`: any activation of
 // the model (device, dtype). Assumes varlen_attention_supported(x, shape.head_dim).
 VarlenBackend choose_varlen_backend(const at::Tensor& x, const JointAttentionShape& shape);
+// VLATUNE_VARLEN_BACKEND's value: "auto" (also when unset), "cudnn" or "flash"; another value throws
+// std::invalid_argument naming it.
+std::string varlen_backend_setting();
 const char* to_string(VarlenBackend backend);
 
 // q [rows_q, H, D], k and v [rows_k, Hk, D] (H a multiple of Hk), contiguous -> the output per branch, autograd:

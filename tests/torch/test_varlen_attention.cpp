@@ -112,6 +112,13 @@ TEST_CASE("choose_varlen_backend reads VLATUNE_VARLEN_BACKEND", "[varlen][kernel
     setenv("VLATUNE_VARLEN_BACKEND", "fast", 1);
     CHECK_THROWS_WITH(k::choose_varlen_backend(cpu, shape),
                       Catch::Contains("VLATUNE_VARLEN_BACKEND='fast': expected auto, cudnn or flash"));
+    CHECK_THROWS_WITH(k::varlen_backend_setting(), Catch::Contains("VLATUNE_VARLEN_BACKEND='fast'"));
+  }
+  SECTION("the setting as read") {
+    setenv("VLATUNE_VARLEN_BACKEND", "cudnn", 1);
+    CHECK(k::varlen_backend_setting() == "cudnn");
+    unsetenv("VLATUNE_VARLEN_BACKEND");
+    CHECK(k::varlen_backend_setting() == "auto");
   }
   unsetenv("VLATUNE_VARLEN_BACKEND");
   CHECK(std::string(k::to_string(k::VarlenBackend::kCudnn)) == "cudnn");
