@@ -523,22 +523,27 @@ void check_width(const char* op, ActDtype dtype, int64_t width) {
 }
 
 // Every launcher's frame: the width check, nothing for no rows, an NVTX range ("vlatune::<op>"), the dtype's
-// instantiation at the iteration count dispatch_iters picks for the width, and the launch check.
-// launch(zero, iters, threads) launches the kernel for T = decltype(zero).
-template <typename Params, typename Launch>
-void launch_norm(const char* op, const char* range_name, const Params& p, int64_t rows, Launch&& launch) {
+// instantiation, and the launch check. typed(zero) launches the kernel for T = decltype(zero).
+template <typename Params, typename Typed>
+void norm_frame(const char* op, const char* range_name, const Params& p, int64_t rows, Typed&& typed) {
   check_width(op, p.dtype, p.width);
   if (rows == 0) return;
   NvtxRange range(range_name);
-  auto typed = [&](auto zero) {
-    dispatch_iters<decltype(zero)>(p, [&](auto iters, int threads) { launch(zero, iters, threads); });
-  };
   if (p.dtype == ActDtype::kBf16) {
     typed(__nv_bfloat16{});
   } else {
     typed(0.0f);
   }
   VLATUNE_CUDA_CHECK(cudaGetLastError());
+}
+
+// The frame for the block-per-row kernels, at the iteration count dispatch_iters picks for the width.
+// launch(zero, iters, threads) launches the kernel for T = decltype(zero).
+template <typename Params, typename Launch>
+void launch_norm(const char* op, const char* range_name, const Params& p, int64_t rows, Launch&& launch) {
+  norm_frame(op, range_name, p, rows, [&](auto zero) {
+    dispatch_iters<decltype(zero)>(p, [&](auto iters, int threads) { launch(zero, iters, threads); });
+  });
 }
 
 }  // namespace
@@ -556,13 +561,11 @@ void launch_layer_norm_fwd(const LayerNormFwdParams& p, CUstream_st* stream) {
   const int64_t lane_iters = (p.width / vec + 31) / 32;
   if (width_ok(p.dtype, p.width) && lane_iters <= kWarpMaxIters) {
     // One warp per row; the instantiations cover 2, 4, 5 (SigLIP) and 8 vectors per lane.
-    if (p.rows == 0) return;
-    NvtxRange range("vlatune::layer_norm_fwd");
     const auto blocks = static_cast<unsigned>((p.rows + kWarpRows - 1) / kWarpRows);
     auto launch = [&](auto zero, auto iters) {
       layer_norm_fwd_warp_kernel<decltype(zero), decltype(iters)::value><<<blocks, kWarpRows * 32, 0, stream>>>(p);
     };
-    auto typed = [&](auto zero) {
+    norm_frame("launch_layer_norm_fwd", "vlatune::layer_norm_fwd", p, p.rows, [&](auto zero) {
       if (lane_iters <= 2) {
         launch(zero, std::integral_constant<int, 2>{});
       } else if (lane_iters <= 4) {
@@ -572,13 +575,7 @@ void launch_layer_norm_fwd(const LayerNormFwdParams& p, CUstream_st* stream) {
       } else {
         launch(zero, std::integral_constant<int, kWarpMaxIters>{});
       }
-    };
-    if (p.dtype == ActDtype::kBf16) {
-      typed(__nv_bfloat16{});
-    } else {
-      typed(0.0f);
-    }
-    VLATUNE_CUDA_CHECK(cudaGetLastError());
+    });
     return;
   }
   launch_norm("launch_layer_norm_fwd", "vlatune::layer_norm_fwd", p, p.rows, [&](auto zero, auto iters, int threads) {
