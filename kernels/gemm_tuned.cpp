@@ -208,10 +208,6 @@ GemmTuning gemm_tuning_mode_from_env(const char* value) {
   return v == "bias" ? GemmTuning::kBiasGradients : GemmTuning::kOff;
 }
 
-bool gemm_tuning_from_env(const char* value) {
-  return gemm_tuning_mode_from_env(value) == GemmTuning::kAll;
-}
-
 GemmTuning gemm_tuning_mode() {
   int state = g_tuning.load(std::memory_order_relaxed);
   if (state < 0) {

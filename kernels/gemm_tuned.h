@@ -25,7 +25,7 @@ namespace vlatune::kernels {
 // other GEMM running ATen's as with tuning off.
 enum class GemmTuning { kOff, kAll, kBiasGradients };
 
-// From the environment variable VLATUNE_GEMM_TUNING (gemm_tuning_from_env), read at the first query;
+// From the environment variable VLATUNE_GEMM_TUNING (gemm_tuning_mode_from_env), read at the first query;
 // set_gemm_tuning overrides it for the process (tests, benchmarks). gemm_tuning_enabled: the mode is not kOff.
 GemmTuning gemm_tuning_mode();
 bool gemm_tuning_enabled();
@@ -34,8 +34,6 @@ void set_gemm_tuning(bool enabled);  // kAll or kOff
 // A value of VLATUNE_GEMM_TUNING -> the mode: "1", "on", "true", "yes" (any case) kAll; "bias" kBiasGradients;
 // unset (null), empty or anything else kOff.
 GemmTuning gemm_tuning_mode_from_env(const char* value);
-// gemm_tuning_mode_from_env(value) == kAll.
-bool gemm_tuning_from_env(const char* value);
 
 // True when the functions below take the tuned path for operands like t: a CUDA build, t on CUDA in bf16 or fp16,
 // tuning on. (The operands must then also agree in dtype and device and be 2-D with sizes > 0; otherwise ATen.)

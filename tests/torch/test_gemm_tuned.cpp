@@ -101,21 +101,20 @@ TEST_CASE("tuned_mm and tuned_mm_row_sums on the CPU are at::mm, at::addmm and s
 }
 
 TEST_CASE("VLATUNE_GEMM_TUNING values and the process-wide switch", "[gemm][kernels]") {
-  CHECK_FALSE(k::gemm_tuning_from_env("0"));
-  CHECK_FALSE(k::gemm_tuning_from_env("off"));
-  CHECK_FALSE(k::gemm_tuning_from_env("FALSE"));
-  CHECK_FALSE(k::gemm_tuning_from_env("No"));
+  CHECK(k::gemm_tuning_mode_from_env("0") == k::GemmTuning::kOff);
+  CHECK(k::gemm_tuning_mode_from_env("off") == k::GemmTuning::kOff);
+  CHECK(k::gemm_tuning_mode_from_env("FALSE") == k::GemmTuning::kOff);
+  CHECK(k::gemm_tuning_mode_from_env("No") == k::GemmTuning::kOff);
   // Off unless asked for: in the full Pi0.5 step on the H200 the kept candidates bought nothing (kernels/gemm.md).
-  CHECK_FALSE(k::gemm_tuning_from_env(nullptr));
-  CHECK_FALSE(k::gemm_tuning_from_env(""));
-  CHECK_FALSE(k::gemm_tuning_from_env("2"));
-  CHECK(k::gemm_tuning_from_env("1"));
-  CHECK(k::gemm_tuning_from_env("on"));
-  CHECK(k::gemm_tuning_from_env("TRUE"));
-  CHECK(k::gemm_tuning_from_env("yes"));
-  CHECK(k::gemm_tuning_mode_from_env("Bias") == k::GemmTuning::kBiasGradients);
-  CHECK_FALSE(k::gemm_tuning_from_env("bias"));
+  CHECK(k::gemm_tuning_mode_from_env(nullptr) == k::GemmTuning::kOff);
+  CHECK(k::gemm_tuning_mode_from_env("") == k::GemmTuning::kOff);
+  CHECK(k::gemm_tuning_mode_from_env("2") == k::GemmTuning::kOff);
+  CHECK(k::gemm_tuning_mode_from_env("1") == k::GemmTuning::kAll);
   CHECK(k::gemm_tuning_mode_from_env("on") == k::GemmTuning::kAll);
+  CHECK(k::gemm_tuning_mode_from_env("TRUE") == k::GemmTuning::kAll);
+  CHECK(k::gemm_tuning_mode_from_env("yes") == k::GemmTuning::kAll);
+  CHECK(k::gemm_tuning_mode_from_env("Bias") == k::GemmTuning::kBiasGradients);
+  CHECK(k::gemm_tuning_mode_from_env("bias") == k::GemmTuning::kBiasGradients);
   CHECK(k::gemm_tuning_mode_from_env("biases") == k::GemmTuning::kOff);
   const k::GemmTuning mode_before = k::gemm_tuning_mode();
   k::set_gemm_tuning(k::GemmTuning::kBiasGradients);
