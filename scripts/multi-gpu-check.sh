@@ -26,7 +26,8 @@
 #
 # Options: --steps N (default 12), --no-build (reuse build-gpu/ from an earlier call in the same session),
 #          --budget S (default 560), --only LIST (comma-separated subset of: tests,train,profile,kill),
-#          --nccl-channels LIST (comma-separated NCCL_MAX_NCHANNELS values to try on NVLink; none by default),
+#          --nccl-channels LIST (comma-separated NCCL_MAX_NCHANNELS values to try on NVLink; none by default; the
+#          same runs as --nccl-env with one NCCL_MAX_NCHANNELS=C entry per value),
 #          --nccl-env LIST (semicolon-separated settings, each one or more space-separated VAR=VALUE, to try one at a
 #          time on NVLink with the planned groups, e.g. "NCCL_PROTO=Simple;TORCH_NCCL_HIGH_PRIORITY=1"),
 #          --nvlink-only (train: 1 GPU and the NVLink runs; no one-bucket or host-memory runs),
@@ -182,11 +183,12 @@ if wants train; then
     fi
     run_train "${np}_hostmem_one" "$nproc" NCCL_P2P_DISABLE=1 -- --dist-buckets one
   fi
+  # --nccl-channels C1,C2 is --nccl-env "NCCL_MAX_NCHANNELS=C1;NCCL_MAX_NCHANNELS=C2", tried first.
   IFS=',' read -ra channel_list <<<"$channels"
-  for c in ${channel_list[@]+"${channel_list[@]}"}; do
-    run_train "${np}_nvlink_planned_ch$c" "$nproc" "NCCL_MAX_NCHANNELS=$c" -- --dist-buckets groups --recipe "$planned"
-  done
-  IFS=';' read -ra env_list <<<"$nccl_env"
+  env_list=()
+  for c in ${channel_list[@]+"${channel_list[@]}"}; do env_list+=("NCCL_MAX_NCHANNELS=$c"); done
+  IFS=';' read -ra more_env <<<"$nccl_env"
+  env_list+=(${more_env[@]+"${more_env[@]}"})
   for i in "${!env_list[@]}"; do
     read -ra settings <<<"${env_list[$i]}"
     echo "${env_list[$i]}" >"$out/env_${np}_nvlink_planned_env$i.txt"  # the row title of the summary
@@ -261,17 +263,17 @@ def startup(label, wall):
 base = run("1gpu")
 base_sps, base_ms = (base or {}).get("samples_per_s_median"), step_ms(base)
 def label_name(label):
-    # "1gpu", "<N>gpu_<link>_<groups|planned|one>[_ch<C>]" -> a row title
-    m = re.match(r"(\d+)gpu(?:_(nvlink|hostmem)_(groups|planned|one)(?:_ch(\d+)|_env(\d+))?)?$", label)
+    # "1gpu", "<N>gpu_<link>_<groups|planned|one>[_env<i>]" -> a row title
+    m = re.match(r"(\d+)gpu(?:_(nvlink|hostmem)_(groups|planned|one)(?:_env(\d+))?)?$", label)
     if not m: return label
-    n, link, kind, ch, env = m.groups()
+    n, link, kind, env = m.groups()
     if not link: return "%s GPU" % n
     text = "%s GPU %s, %s" % (n, "NVLink" if link == "nvlink" else "host mem (P2P off)",
                               {"groups": "per-group buckets", "planned": "planned groups", "one": "one bucket"}[kind])
     if env is not None:
         p = os.path.join(out, "env_%s.txt" % label)
         text += ", " + (open(p).read().strip() if os.path.exists(p) else "env " + env)
-    return text + (", NCCL_MAX_NCHANNELS=" + ch if ch else "")
+    return text
 rows = [("run", "rc", "samples/s (global)", "scaling", "exposed ms", "% of step", "peak GiB", "step ms", "wall s",
          "start-up s")]
 for kind, label, rc, wall, *rest in results:
