@@ -317,6 +317,17 @@ VarlenLayout joint_varlen_layout(const at::Tensor& valid, int64_t prefix_len, bo
   return layout;
 }
 
+VarlenLayout suffix_queries_layout(const VarlenLayout& with_prefix_queries, const at::Tensor& valid) {
+  const VarlenLayout& joint = with_prefix_queries;
+  if (joint.rows_q != joint.rows_k) fail("suffix_queries_layout takes a layout with prefix queries");
+  if (joint.backend != VarlenBackend::kCudnn)
+    return joint_varlen_layout(valid, joint.prefix_len, /*prefix_queries=*/false, joint.backend);
+  VarlenLayout out = joint;
+  out.rows_q = joint.batch * joint.suffix_len;
+  out.max_q = joint.suffix_len;
+  return out;
+}
+
 bool varlen_attention_supported(const at::Tensor& x, int64_t head_dim) {
 #ifdef VLATUNE_HAVE_CUDA
   if (const char* env = std::getenv("VLATUNE_VARLEN_ATTENTION"); env != nullptr && std::strcmp(env, "0") == 0)

@@ -62,6 +62,10 @@ struct VarlenLayout {
 // B * N query rows; false: the suffix queries alone (B * S rows).
 VarlenLayout joint_varlen_layout(const at::Tensor& valid, int64_t prefix_len, bool prefix_queries,
                                  VarlenBackend backend = VarlenBackend::kFlash);
+// The suffix-queries-only layout (the last layer, its dead prefix queries skipped) of the same `valid`, from the
+// layout with prefix queries: cuDNN's shares its tensors (the key order and lengths do not depend on the queries),
+// FlashAttention-2's is built (its key slots do).
+VarlenLayout suffix_queries_layout(const VarlenLayout& with_prefix_queries, const at::Tensor& valid);
 
 // Whether varlen_attention runs for activations like `x`: a CUDA build, x on CUDA (compute capability 8.0+), bf16
 // or fp16, head_dim a multiple of 8 and at most 256, and the environment does not say VLATUNE_VARLEN_ATTENTION=0

@@ -367,7 +367,7 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
         std::make_shared<const kernels::VarlenLayout>(kernels::joint_varlen_layout(valid, p, true, backend));
     if (options.skip_dead)
       joint.varlen_suffix =
-          std::make_shared<const kernels::VarlenLayout>(kernels::joint_varlen_layout(valid, p, false, backend));
+          std::make_shared<const kernels::VarlenLayout>(kernels::suffix_queries_layout(*joint.varlen_joint, valid));
   }
   inputs_scope.reset();
 

@@ -93,6 +93,34 @@ TEST_CASE("joint_varlen_layout for cuDNN orders each sample's keys suffix, valid
                     Catch::Contains("the cuDNN layout needs prefix and suffix positions (P 5, S 0)"));
 }
 
+TEST_CASE("suffix_queries_layout equals the layout built without prefix queries", "[varlen][kernels]") {
+  auto valid = torch::tensor({1, 1, 0, 1, 1, 1, 0, 1, 1, 1}, torch::kBool).view({2, 5});
+  const auto backend = GENERATE(k::VarlenBackend::kFlash, k::VarlenBackend::kCudnn);
+  const k::VarlenLayout joint = k::joint_varlen_layout(valid, 3, true, backend);
+  const k::VarlenLayout got = k::suffix_queries_layout(joint, valid);
+  const k::VarlenLayout want = k::joint_varlen_layout(valid, 3, false, backend);
+  CHECK(got.backend == want.backend);
+  CHECK(got.rows_q == want.rows_q);
+  CHECK(got.rows_k == want.rows_k);
+  CHECK(got.max_q == want.max_q);
+  CHECK(got.max_k == want.max_k);
+  CHECK(got.slots == want.slots);
+  CHECK(got.second_slot.defined() == want.second_slot.defined());
+  auto same = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return a.defined() == b.defined() && (!a.defined() || values(a) == values(b));
+  };
+  CHECK(same(got.cu_q, want.cu_q));
+  CHECK(same(got.cu_k, want.cu_k));
+  CHECK(same(got.first_slot, want.first_slot));
+  CHECK(same(got.kv_order, want.kv_order));
+  CHECK(same(got.kv_grad_slot, want.kv_grad_slot));
+  CHECK(same(got.prefix_seq_kv, want.prefix_seq_kv));
+  CHECK(same(got.suffix_seq_kv, want.suffix_seq_kv));
+  // cuDNN's key order and lengths are the joint layout's own tensors, not a second computation.
+  if (backend == k::VarlenBackend::kCudnn) CHECK(got.kv_order.data_ptr() == joint.kv_order.data_ptr());
+  CHECK_THROWS_WITH(k::suffix_queries_layout(want, valid), Catch::Contains("takes a layout with prefix queries"));
+}
+
 TEST_CASE("choose_varlen_backend reads VLATUNE_VARLEN_BACKEND", "[varlen][kernels]") {
   const k::JointAttentionShape shape{2, 3, 2, 8, 1, 256, 1.0 / 16};
   const auto cpu = torch::zeros({1}, torch::kBFloat16);
