@@ -100,6 +100,12 @@ static int profile(const ProfileOptions& o, std::ostream& caller_log) {
   trainer::TrainingParts parts =
       trainer::build_training_parts(topt, recipe, label, /*load_init_weights=*/true, log, dist);
   const bool cuda = parts.device.is_cuda();
+  if (parts.step_graph) {
+    // Attribution needs the kernels launched from their modules: replays would hide them.
+    parts.step_graph.reset();
+    log << "profile: the recipe's model_options.cuda_graph \"step\" is for `vlatune train`; profiled steps run "
+           "eagerly\n";
+  }
 
   profiler::ProfileOptions popt;
   popt.batches.push_back(o.batch);

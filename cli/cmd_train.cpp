@@ -15,7 +15,7 @@ namespace {
 struct TrainCliOptions {
   trainer::TrainOptions train;
   int64_t batch = 0, grad_accum = 0, steps = 0;
-  std::string precision, reduce_dtype;
+  std::string precision, reduce_dtype, cuda_graph;
   double decay_lr = 0;
   bool no_progress = false;
   bool no_save = false;
@@ -28,6 +28,7 @@ int run_train(TrainCliOptions& o, CLI::App& cmd, Context& ctx) {
   if (cmd.count("--steps")) t.steps = o.steps;
   if (cmd.count("--precision")) t.precision = o.precision;
   if (cmd.count("--reduce-dtype")) t.reduce_dtype = o.reduce_dtype;
+  if (cmd.count("--cuda-graph")) t.cuda_graph = o.cuda_graph;
   if (cmd.count("--decay-lr")) t.decay_lr = o.decay_lr;
   if (o.no_progress) t.progress_bar = false;
   if (o.no_save) t.save = false;
@@ -100,6 +101,10 @@ void setup_train(CLI::App& app, Context& ctx) {
   cmd->add_option("--log-every", t.log_every, "Plain log line every N steps")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_flag("--no-progress", o->no_progress, "Plain log lines even on a terminal");
+  cmd->add_option("--cuda-graph", o->cuda_graph,
+                  "step: replay each step as one captured CUDA graph (CUDA, one process, grad_accum 1; recipe: "
+                  "model_options.cuda_graph); off: eager")
+      ->check(CLI::IsMember({"off", "step"}));
   // Data-parallel (under `vlatune launch --nproc N`, torchrun or Slurm; --batch/--grad-accum are per process).
   cmd->add_option("--reduce-dtype", o->reduce_dtype, "Gradient all-reduce dtype (recipe: distributed.reduce_dtype)")
       ->check(CLI::IsMember({"bf16", "fp32"}));

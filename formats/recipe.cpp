@@ -51,7 +51,7 @@ void parse_data(const JsonCursor& c, Recipe::Data& d) {
 }
 
 void parse_model_options(const JsonCursor& c, Recipe::ModelOptions& m) {
-  c.expect_object({"skip_dead", "attention", "precision"});
+  c.expect_object({"skip_dead", "attention", "precision", "cuda_graph"});
   if (auto v = c.find("skip_dead")) m.skip_dead = v->get_bool();
   if (auto v = c.find("attention")) {
     m.attention = v->get_enum({"lean", "materialized"}) == "lean" ? Attention::kLean : Attention::kMaterialized;
@@ -59,6 +59,7 @@ void parse_model_options(const JsonCursor& c, Recipe::ModelOptions& m) {
   if (auto v = c.find("precision")) {
     m.precision = v->get_enum({"bf16", "fp32-master"}) == "bf16" ? Precision::kBf16 : Precision::kFp32Master;
   }
+  if (auto v = c.find("cuda_graph")) m.cuda_graph_step = v->get_enum({"off", "step"}) == "step";
 }
 
 void parse_groups(const JsonCursor& c, std::vector<Recipe::Group>& groups) {
@@ -135,7 +136,7 @@ bool operator==(const Recipe& a, const Recipe& b) {
   auto key = [](const Recipe& r) {
     return std::tie(r.schema, r.model, r.batch.micro_batch, r.batch.grad_accum, r.data.num_images, r.data.trim_text,
                     r.data.trim_multiple, r.model_options.skip_dead, r.model_options.attention,
-                    r.model_options.precision, r.recompute.modules, r.fp8.scaling, r.fp8.modules,
+                    r.model_options.precision, r.model_options.cuda_graph_step, r.recompute.modules, r.fp8.scaling, r.fp8.modules,
                     r.distributed.world_size, r.distributed.reduce_dtype, r.tuned_on.gpu, r.tuned_on.torch,
                     r.tuned_on.profile, r.predicted.step_ms, r.predicted.peak_gib, r.predicted.samples_per_s,
                     r.rationale);
@@ -215,7 +216,7 @@ nlohmann::json recipe_to_json(const Recipe& r) {
     for (const auto& [name, value] : item.numbers) numbers[name] = value;
     rationale.push_back({{"decision", item.decision}, {"reason", item.reason}, {"numbers", numbers}});
   }
-  return {
+  json out = {
       {"schema", r.schema},
       {"model", r.model},
       {"batch", {{"micro_batch", r.batch.micro_batch}, {"grad_accum", r.batch.grad_accum}}},
@@ -242,6 +243,9 @@ nlohmann::json recipe_to_json(const Recipe& r) {
         {"samples_per_s", optional_to_json(r.predicted.samples_per_s)}}},
       {"rationale", rationale},
   };
+  // Written only when on: the default recipe stays DESIGN.md's block, and its hash stays what runs stored.
+  if (r.model_options.cuda_graph_step) out["model_options"]["cuda_graph"] = "step";
+  return out;
 }
 
 void write_recipe(const Recipe& recipe, const std::string& path) {

@@ -60,6 +60,8 @@ struct Recipe {
     bool skip_dead = true;  // skip computation whose result is unused (exact)
     Attention attention = Attention::kLean;
     Precision precision = Precision::kBf16;
+    // "step": each training step (forward, backward, clipping, AdamW) replays one captured CUDA graph; "off": eager.
+    bool cuda_graph_step = false;
   };
   struct Recompute {
     std::vector<std::string> modules;  // FQN patterns

@@ -62,6 +62,7 @@ struct AdamwScalars {
   float bc2_sqrt;    // sqrt(1 - beta2^step)
   float grad_scale;  // host factor
   const float* grad_scale_device;
+  const float* step_scalars_device;  // non-null: {decay, step_size, bc2_sqrt} read here (AdamwParams)
 };
 
 struct NormTable {
@@ -99,7 +100,13 @@ __device__ __forceinline__ void adamw_element(float& p, float g, float& m, float
 // model copy.
 template <typename P, typename G, typename S, bool kModel>
 __global__ void __launch_bounds__(kBlock)
-    adamw_multi_tensor_kernel(const __grid_constant__ AdamwTable table, const AdamwScalars s) {
+    adamw_multi_tensor_kernel(const __grid_constant__ AdamwTable table, const AdamwScalars scalars) {
+  AdamwScalars s = scalars;
+  if (s.step_scalars_device != nullptr) {
+    s.decay = s.step_scalars_device[0];
+    s.step_size = s.step_scalars_device[1];
+    s.bc2_sqrt = s.step_scalars_device[2];
+  }
   float scale = s.grad_scale;
   if (s.grad_scale_device != nullptr) {
     const float d = *s.grad_scale_device;
@@ -303,20 +310,19 @@ void launch_adamw_multi_tensor(AdamwStorage storage, const AdamwTensorList& list
     throw std::invalid_argument("launch_adamw_multi_tensor: step must be >= 1 (1-based), got " +
                                 std::to_string(params.step));
   }
-  // Scalars in double on the host, rounded once (torch computes them in double too and passes them as Scalars).
-  const double bc1 = 1.0 - std::pow(params.beta1, static_cast<double>(params.step));
-  const double bc2 = 1.0 - std::pow(params.beta2, static_cast<double>(params.step));
+  const AdamwStepScalars step = adamw_step_scalars(params);
   AdamwScalars s;
   s.beta1 = static_cast<float>(params.beta1);
   s.one_minus_beta1 = static_cast<float>(1.0 - params.beta1);
   s.beta2 = static_cast<float>(params.beta2);
   s.one_minus_beta2 = static_cast<float>(1.0 - params.beta2);
   s.eps = static_cast<float>(params.eps);
-  s.decay = static_cast<float>(1.0 - params.lr * params.weight_decay);
-  s.step_size = static_cast<float>(params.lr / bc1);
-  s.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  s.decay = step.decay;
+  s.step_size = step.step_size;
+  s.bc2_sqrt = step.bc2_sqrt;
   s.grad_scale = static_cast<float>(params.grad_scale);
   s.grad_scale_device = params.grad_scale_device;
+  s.step_scalars_device = params.step_scalars_device;
 
   NvtxRange range(storage == AdamwStorage::kBf16   ? "vlatune::adamw[bf16]"
                   : storage == AdamwStorage::kFp32 ? "vlatune::adamw[fp32]"

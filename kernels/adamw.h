@@ -39,7 +39,20 @@ struct AdamwParams {
   // Optional device fp32 scalar multiplied into every gradient as well (the clip coefficient computed on the
   // device from the fused norm). Non-finite = skip the update. nullptr = 1.
   const float* grad_scale_device = nullptr;
+  // Optional device fp32[3] read at run time instead of the values derived from lr, weight_decay and step:
+  // {1 - lr * weight_decay, lr / (1 - beta1^step), sqrt(1 - beta2^step)} (adamw_step_scalars). A captured CUDA
+  // graph replays its launch with the parameters of the capture; the host rewrites these before each replay.
+  const float* step_scalars_device = nullptr;
 };
+
+// The per-step scalars of an update, rounded to fp32 once from doubles (as torch passes them as Scalars): what
+// the launcher computes from `params`, and what step_scalars_device must hold to give the same update.
+struct AdamwStepScalars {
+  float decay = 1.0f;      // 1 - lr * weight_decay
+  float step_size = 0.0f;  // lr / (1 - beta1^step)
+  float bc2_sqrt = 1.0f;   // sqrt(1 - beta2^step)
+};
+AdamwStepScalars adamw_step_scalars(const AdamwParams& params);
 
 // One list of tensors for the multi-tensor AdamW. Arrays of `count` raw device pointers, all contiguous.
 //   kFp32:       params float*,  grads float*,         exp_avg/exp_avg_sq float*,         model_bf16 unused

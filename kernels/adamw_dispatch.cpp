@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <cmath>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -24,6 +25,17 @@ const char* adamw_storage_name(AdamwStorage storage) {
       return "fp32-master";
   }
   return "?";
+}
+
+AdamwStepScalars adamw_step_scalars(const AdamwParams& params) {
+  // In double on the host, rounded once (torch computes them in double too and passes them as Scalars).
+  const double bc1 = 1.0 - std::pow(params.beta1, static_cast<double>(params.step));
+  const double bc2 = 1.0 - std::pow(params.beta2, static_cast<double>(params.step));
+  AdamwStepScalars s;
+  s.decay = static_cast<float>(1.0 - params.lr * params.weight_decay);
+  s.step_size = static_cast<float>(params.lr / bc1);
+  s.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  return s;
 }
 
 namespace {
@@ -106,6 +118,8 @@ void adamw_step(std::vector<at::Tensor>& params, const std::vector<at::Tensor>& 
   }
 
   if (device.is_cpu()) {
+    if (p.step_scalars_device != nullptr)
+      throw std::invalid_argument(op + ": step_scalars_device is a CUDA feature; these tensors are on the CPU");
     adamw_step_ref(params, grads, exp_avg, exp_avg_sq, master, p, grad_scale);
     return;
   }

@@ -232,6 +232,39 @@ torch::Tensor time_embedding(const torch::Tensor& t, int64_t dim, double min_per
   return at::cat({angles.sin(), angles.cos()}, 1);
 }
 
+Pi05Batch apply_input_shortcuts(const Pi05Batch& batch, const ForwardOptions& options) {
+  Pi05Batch out = batch;
+  if (options.prune_slots && batch.image_masks.defined() && batch.image_masks.size(1) > 0) {
+    auto any = batch.image_masks.any(0).to(torch::kCPU);
+    std::vector<int64_t> kept;
+    for (int64_t s = 0; s < any.size(0); ++s)
+      if (any[s].item<bool>()) kept.push_back(s);
+    if (static_cast<int64_t>(kept.size()) < batch.image_masks.size(1)) {
+      auto index = torch::tensor(kept, torch::TensorOptions().dtype(torch::kLong)).to(batch.images.device());
+      out.images = batch.images.index_select(1, index);
+      out.image_masks = batch.image_masks.index_select(1, index);
+    }
+  }
+  if (options.trim_text && batch.tokens.defined() && batch.tokens.size(1) > 0) {
+    auto any = batch.token_masks.any(0).to(torch::kCPU);
+    int64_t last = 0;  // last true index + 1
+    const auto* flags = any.data_ptr<bool>();
+    for (int64_t j = any.size(0); j > 0; --j)
+      if (flags[j - 1]) {
+        last = j;
+        break;
+      }
+    const int64_t multiple = std::max<int64_t>(1, options.trim_multiple);
+    int64_t keep = std::min<int64_t>(batch.tokens.size(1), (last + multiple - 1) / multiple * multiple);
+    keep = std::max<int64_t>(keep, 1);
+    if (keep < batch.tokens.size(1)) {
+      out.tokens = batch.tokens.narrow(1, 0, keep);
+      out.token_masks = batch.token_masks.narrow(1, 0, keep);
+    }
+  }
+  return out;
+}
+
 Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions& options) {
   const auto device = batch.tokens.device();
   const auto compute = options.compute_dtype.value_or(action_in_proj->weight.scalar_type());
@@ -247,36 +280,9 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
   std::optional<profiler::Scope> inputs_scope(std::in_place, inputs_scope_name);
 
   // 1. Exact shortcuts: decided once per step on the host (the only host syncs of the forward).
-  torch::Tensor images = batch.images, image_masks = batch.image_masks;
-  if (options.prune_slots && image_masks.size(1) > 0) {
-    auto any = image_masks.any(0).to(torch::kCPU);
-    std::vector<int64_t> kept;
-    for (int64_t s = 0; s < any.size(0); ++s)
-      if (any[s].item<bool>()) kept.push_back(s);
-    if (static_cast<int64_t>(kept.size()) < image_masks.size(1)) {
-      auto index = torch::tensor(kept, torch::TensorOptions().dtype(torch::kLong)).to(device);
-      images = images.index_select(1, index);
-      image_masks = image_masks.index_select(1, index);
-    }
-  }
-  torch::Tensor tokens = batch.tokens, token_masks = batch.token_masks;
-  if (options.trim_text && tokens.size(1) > 0) {
-    auto any = token_masks.any(0).to(torch::kCPU);
-    int64_t last = 0;  // last true index + 1
-    const auto* flags = any.data_ptr<bool>();
-    for (int64_t j = any.size(0); j > 0; --j)
-      if (flags[j - 1]) {
-        last = j;
-        break;
-      }
-    const int64_t multiple = std::max<int64_t>(1, options.trim_multiple);
-    int64_t keep = std::min<int64_t>(tokens.size(1), (last + multiple - 1) / multiple * multiple);
-    keep = std::max<int64_t>(keep, 1);
-    if (keep < tokens.size(1)) {
-      tokens = tokens.narrow(1, 0, keep);
-      token_masks = token_masks.narrow(1, 0, keep);
-    }
-  }
+  const Pi05Batch shortcut = apply_input_shortcuts(batch, options);
+  const torch::Tensor &images = shortcut.images, &image_masks = shortcut.image_masks;
+  const torch::Tensor &tokens = shortcut.tokens, &token_masks = shortcut.token_masks;
 
   inputs_scope.reset();
 

@@ -78,12 +78,17 @@ AdamW::AdamW(std::vector<std::pair<std::string, torch::Tensor>> named_params, Ad
 }
 
 StepResult AdamW::step(double lr, double max_grad_norm) {
-  StepResult result;
-  result.lr = lr;
-  result.step = step_;
-  if (params_.empty()) return result;
+  return finish_update(lr, max_grad_norm, queue_update(lr, max_grad_norm, /*device_schedule=*/false));
+}
+
+torch::Tensor AdamW::queue_update(double lr, double max_grad_norm, bool device_schedule) {
+  if (params_.empty()) return torch::Tensor();
   torch::NoGradGuard no_grad;
   const torch::Device device = params_.front().device();
+  if (device_schedule && !device.is_cuda())
+    throw std::invalid_argument("adamw: a device schedule needs CUDA parameters, these are on " + device.str());
+  if (device_schedule && !schedule_device_.defined())
+    throw std::logic_error("adamw: queue_update with a device schedule before write_device_schedule");
 
   std::vector<torch::Tensor> grads(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -103,15 +108,51 @@ StepResult AdamW::step(double lr, double max_grad_norm) {
   hp.beta2 = options_.betas.second;
   hp.eps = options_.eps;
   hp.step = step_ + 1;
-  for (Group& group : groups_) {
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    Group& group = groups_[gi];
     std::vector<torch::Tensor> group_grads;
     group_grads.reserve(group.index.size());
     for (size_t i : group.index) group_grads.push_back(grads[i]);
     hp.weight_decay = group.weight_decay;
+    hp.step_scalars_device = device_schedule ? schedule_device_[static_cast<int64_t>(gi)].data_ptr<float>() : nullptr;
     kernels::adamw_step(group.params, group_grads, group.exp_avg, group.exp_avg_sq,
                         group.master.empty() ? nullptr : &group.master, hp, coef);
   }
+  return norm;
+}
 
+void AdamW::write_device_schedule(double lr) {
+  if (params_.empty()) return;
+  const torch::Device device = params_.front().device();
+  if (!device.is_cuda())
+    throw std::invalid_argument("adamw: a device schedule needs CUDA parameters, these are on " + device.str());
+  const int64_t groups = static_cast<int64_t>(groups_.size());
+  if (!schedule_device_.defined()) {
+    schedule_device_ = torch::empty({groups, 3}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+    schedule_host_ = torch::empty({groups, 3}, torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(true));
+  }
+  kernels::AdamwParams hp;
+  hp.lr = lr;
+  hp.beta1 = options_.betas.first;
+  hp.beta2 = options_.betas.second;
+  hp.step = step_ + 1;
+  float* host = schedule_host_.data_ptr<float>();
+  for (int64_t gi = 0; gi < groups; ++gi) {
+    hp.weight_decay = groups_[static_cast<size_t>(gi)].weight_decay;
+    const kernels::AdamwStepScalars s = kernels::adamw_step_scalars(hp);
+    host[gi * 3 + 0] = s.decay;
+    host[gi * 3 + 1] = s.step_size;
+    host[gi * 3 + 2] = s.bc2_sqrt;
+  }
+  // The host buffer is rewritten only after the previous step's finish_update synchronized: the copy has run.
+  schedule_device_.copy_(schedule_host_, /*non_blocking=*/true);
+}
+
+StepResult AdamW::finish_update(double lr, double max_grad_norm, const torch::Tensor& norm) {
+  StepResult result;
+  result.lr = lr;
+  result.step = step_;
+  if (params_.empty()) return result;
   // The one host sync of the step: for the log and the guard (the update is already queued).
   result.grad_norm = norm.item<double>();
   result.skipped = !std::isfinite(result.grad_norm);

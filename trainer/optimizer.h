@@ -72,6 +72,19 @@ class AdamW {
   StepResult step(double lr, double max_grad_norm);
   StepResult step(double max_grad_norm) { return step(options_.lr, max_grad_norm); }
 
+  // step() in two halves, for a step captured as a CUDA graph (trainer/step_graph.h):
+  //   queue_update: the norm, the clip coefficient and the update, queued without a host sync; returns the 0-d
+  //     norm tensor on the device. With `device_schedule`, the kernels read the per-step scalars (learning rate,
+  //     bias corrections) from a device buffer that write_device_schedule fills, instead of taking them as launch
+  //     parameters, so that one capture serves every step; `lr` is then unused.
+  //   finish_update: reads the norm (the host sync) and advances the step count unless the update was skipped.
+  // step(lr, m) == finish_update(lr, m, queue_update(lr, m, false)).
+  torch::Tensor queue_update(double lr, double max_grad_norm, bool device_schedule);
+  StepResult finish_update(double lr, double max_grad_norm, const torch::Tensor& norm);
+  // The device scalars of the next update (step_count() + 1) at `lr`, one row per parameter group. Queued on the
+  // current stream (from pinned memory); call before the graph that reads them is replayed.
+  void write_device_schedule(double lr);
+
   // Sets every gradient to none (undefined), as torch's zero_grad(set_to_none=true).
   void zero_grad();
 
@@ -105,6 +118,7 @@ class AdamW {
   std::vector<Group> groups_;
   int64_t step_ = 0;
   int64_t skipped_ = 0;
+  torch::Tensor schedule_device_, schedule_host_;  // [groups, 3] fp32 (AdamwStepScalars), device and pinned
 };
 
 }  // namespace vlatune::trainer

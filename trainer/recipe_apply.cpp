@@ -65,17 +65,19 @@ AppliedRecipe apply_recipe(const formats::Recipe& recipe, const std::string& fil
       throw formats::FormatError(file, "$.fp8.modules", e.what());
     }
     out.fp8 = model.fp8_selection();
+    out.fp8_delayed = !out.fp8.empty() && config.scaling == model::Fp8Scaling::kDelayed;
   }
 
-  // 5. Groups (gradient buckets; CUDA-graph capture is not available yet) and distributed settings.
+  // 5. Groups (gradient buckets; per-group CUDA-graph capture is not available) and distributed settings.
   const std::vector<std::string> fqns = module_fqns(model);
   for (size_t i = 0; i < recipe.groups.size(); ++i) {
     const formats::Recipe::Group& group = recipe.groups[i];
     const std::string path = "$.groups[" + std::to_string(i) + "]";
     if (group.cuda_graph)
       throw formats::FormatError(file, path + ".cuda_graph",
-                                 "CUDA-graph capture of a group is not available in this version of the trainer; "
-                                 "use false");
+                                 "CUDA-graph capture of a single group is not available in this version of the "
+                                 "trainer; use false, and \"model_options\": {\"cuda_graph\": \"step\"} to "
+                                 "capture the whole step");
     AppliedRecipe::AppliedGroup applied{group.name,
                                         formats::resolve_patterns(group.modules, fqns, file, path + ".modules")};
     for (const std::string& fqn : applied.modules) {
@@ -97,6 +99,7 @@ AppliedRecipe apply_recipe(const formats::Recipe& recipe, const std::string& fil
             std::to_string(world_size) + " (launch it with `vlatune launch --nproc " +
             std::to_string(recipe.distributed.world_size) + " -- train ...` or torchrun, or set world_size to " +
             std::to_string(world_size) + ")");
+  out.cuda_graph_step = recipe.model_options.cuda_graph_step;
   out.world_size = world_size;
   out.reduce_dtype = formats::to_string(recipe.distributed.reduce_dtype);
   return out;

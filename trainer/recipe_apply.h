@@ -1,9 +1,9 @@
 // apply_recipe(): a recipe.json turned into the trainer's settings, in a stated order:
 //   1. data       (num_images, trim_text, trim_multiple)          -> slots, ForwardOptions
-//   2. model      (skip_dead, attention, precision)                -> ForwardOptions, precision
+//   2. model      (skip_dead, attention, precision, cuda_graph)    -> ForwardOptions, precision, step capture
 //   3. recompute  (FQN patterns resolved against the model)        -> Pi05Impl::set_recompute
 //   4. fp8        (FQN patterns of Linears resolved against the model; scaling) -> Pi05Impl::set_fp8
-//   5. groups      (FQN patterns resolved; a module in two groups is refused; cuda_graph not available yet)
+//   5. groups      (FQN patterns resolved; a module in two groups is refused; per-group cuda_graph refused)
 //      distributed (world_size must be 1 = unspecified, or the run's; reduce_dtype)
 // Every refusal is a formats::FormatError naming the recipe file and the JSON path.
 #pragma once
@@ -30,6 +30,8 @@ struct AppliedRecipe {
   std::vector<AppliedGroup> groups;   // gradient buckets; empty: one per named unit (trainer/grad_buckets.h)
   int world_size = 1;                 // processes of this run
   std::string reduce_dtype = "bf16";  // gradient all-reduce dtype: "bf16" | "fp32"
+  bool fp8_delayed = false;           // FP8 Linears with delayed scaling
+  bool cuda_graph_step = false;       // model_options.cuda_graph "step": the step replays a CUDA graph
 };
 
 // `file` labels errors (the recipe's path, or "<defaults>").

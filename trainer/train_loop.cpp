@@ -28,6 +28,7 @@
 #include "trainer/dataset.h"
 #include "trainer/distributed.h"
 #include "trainer/ema.h"
+#include "trainer/step_graph.h"
 #include "trainer/environment.h"
 #include "trainer/file_util.h"
 #include "trainer/norm_stats.h"
@@ -134,6 +135,7 @@ TrainOptions options_from_json(const nlohmann::json& j, const TrainOptions& call
     // Data-parallel settings (absent in runs written before them: the defaults).
     o.dist_buckets = j.value("dist_buckets", caller.dist_buckets);
     if (j.contains("reduce_dtype")) o.reduce_dtype = j.at("reduce_dtype").get<std::string>();
+    if (j.contains("cuda_graph")) o.cuda_graph = j.at("cuda_graph").get<std::string>();
     return o;
   } catch (const nlohmann::json::exception& e) {
     throw formats::FormatError(file, "$", std::string("not a train_config written by vlatune: ") + e.what());
@@ -278,6 +280,7 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& call
     config_json["world_size"] = world_size;
     config_json["dist_buckets"] = opt.dist_buckets;
     if (opt.reduce_dtype) config_json["reduce_dtype"] = *opt.reduce_dtype;
+    if (opt.cuda_graph) config_json["cuda_graph"] = *opt.cuda_graph;
     formats::write_file_atomic(config_path, config_json.dump(2) + "\n");
     if (!opt.recipe_path.empty()) formats::write_recipe(recipe, join_path(run_dir, "recipe.json"));
     metrics.emplace(resuming ? formats::MetricsWriter::resume(join_path(run_dir, "metrics.jsonl"), first_step - 1)
@@ -362,7 +365,8 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& call
     }
     if (watchdog) watchdog->step_done();
     const bool nonfinite = res.skipped || !std::isfinite(loss);
-    const double step_peak = peak_allocated_gib(device);
+    // A replayed graph allocates nothing: its peak is the capture's.
+    const double step_peak = std::max(peak_allocated_gib(device), outcome.graph_peak_gib);
     peak_gib = std::max(peak_gib, step_peak);
     const double samples_per_s = samples_per_step / (step_ms / 1e3);
 
@@ -523,6 +527,11 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& call
         << (dist ? " (global: all " + std::to_string(world_size) + " processes)" : std::string());
   if (cuda) log << ", peak " << std::fixed << std::setprecision(2) << peak_gib << " GiB" << std::defaultfloat;
   log << ", skipped " << skipped_total << "; " << join_path(run_dir, "run.json") << "\n";
+  if (parts.step_graph) {
+    const StepGraph::Stats& g = parts.step_graph->stats();
+    log << "cuda graph: " << g.replays << " step(s) replayed, " << g.eager_steps << " eager, " << g.captures
+        << " capture(s)" << (g.disabled.empty() ? std::string() : "; capture given up: " + g.disabled) << "\n";
+  }
   // A planned recipe carries the tuner's prediction: say how close it came (the plan's validation, goal 10%);
   // only for the batch it was made for (--batch/--grad-accum may override it).
   auto versus = [&log](const char* what, double predicted, double measured, const char* unit) {

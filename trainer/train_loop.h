@@ -24,6 +24,7 @@ struct TrainOptions {
   std::optional<int64_t> grad_accum;        // batch.grad_accum
   std::optional<std::string> precision;     // model_options.precision: bf16 | fp32-master
   std::optional<std::string> reduce_dtype;  // distributed.reduce_dtype: bf16 | fp32
+  std::optional<std::string> cuda_graph;    // model_options.cuda_graph: off | step
   // Data-parallel (launched by torchrun, Slurm or `vlatune launch`; see trainer/distributed.h). --batch and
   // --grad-accum are per process: the global batch is batch x grad_accum x world size.
   std::string dist_buckets = "groups";  // groups: per-group all-reduce during backward | one: one after backward

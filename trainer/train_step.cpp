@@ -3,6 +3,7 @@
 #include "model/state_dict.h"
 #include "profiler/scope.h"
 #include "trainer/environment.h"
+#include "trainer/step_graph.h"
 
 namespace vlatune::trainer {
 
@@ -101,6 +102,17 @@ TrainingParts build_training_parts(const TrainOptions& opt, const formats::Recip
   adam.precision = opt_precision;
   parts.optimizer = std::make_unique<AdamW>(parts.named_params, adam);
   if (parts.dist) setup_data_parallel(parts, opt);
+
+  if (opt.cuda_graph && *opt.cuda_graph != "off" && *opt.cuda_graph != "step")
+    throw TrainInputError("--cuda-graph: expected off or step, got '" + *opt.cuda_graph + "'");
+  if (opt.cuda_graph ? *opt.cuda_graph == "step" : parts.applied.cuda_graph_step) {
+    const std::string why = step_graph_unsupported(parts);
+    if (!why.empty())
+      throw TrainInputError((opt.cuda_graph ? std::string("--cuda-graph step")
+                                            : recipe_label + ": $.model_options.cuda_graph \"step\"") +
+                            ": " + why);
+    parts.step_graph = std::make_shared<StepGraph>(log);
+  }
   return parts;
 }
 
@@ -124,31 +136,44 @@ int64_t micro_batch_index(const TrainingParts& parts, int64_t step, int64_t micr
   return parts.dist ? index * parts.dist->size() + parts.dist->rank() : index;
 }
 
+torch::Tensor forward_backward(TrainingParts& parts, const model::Pi05Batch& batch,
+                               const model::ForwardOptions& options, int64_t loss_divisor) {
+  auto result = parts.net->forward(batch, options);
+  torch::Tensor loss = loss_divisor > 1 ? result.loss / static_cast<double>(loss_divisor) : result.loss;
+  loss.backward();
+  return result.loss.detach().to(torch::kFloat64);
+}
+
+torch::Tensor queue_optimizer_step(TrainingParts& parts, double lr, double clip_norm, bool device_schedule) {
+  profiler::Scope optimizer_scope(kOptimizerScopeName, profiler::Phase::kOptimizer);
+  parts.net->fill_missing_grads();
+  if (parts.buckets) parts.buckets->finish();  // averaged over ranks before clipping
+  torch::Tensor norm = parts.optimizer->queue_update(lr, clip_norm, device_schedule);
+  parts.optimizer->zero_grad();
+  return norm;
+}
+
+model::Pi05Batch next_batch(TrainingParts& parts, int64_t step, int64_t micro, double* wait_ms) {
+  profiler::Scope data_scope(kDataScopeName);
+  return parts.source->next(micro_batch_index(parts, step, micro), wait_ms);
+}
+
 StepOutcome run_train_step(TrainingParts& parts, int64_t step, double lr, double clip_norm) {
+  if (parts.step_graph) return parts.step_graph->run(parts, step, lr, clip_norm);
   StepOutcome out;
   torch::Tensor loss_sum;  // on the device: read once the optimizer step is queued, so the GPU never waits on it
   for (int64_t micro = 0; micro < parts.grad_accum; ++micro) {
     double wait = 0.0;
-    model::Pi05Batch b = [&] {
-      profiler::Scope data_scope(kDataScopeName);
-      return parts.source->next(micro_batch_index(parts, step, micro), &wait);
-    }();
+    const model::Pi05Batch b = next_batch(parts, step, micro, &wait);
     out.wait_ms += wait;
-    auto result = parts.net->forward(b, parts.applied.forward);
-    torch::Tensor loss = parts.grad_accum > 1 ? result.loss / static_cast<double>(parts.grad_accum) : result.loss;
     if (parts.buckets && micro + 1 == parts.grad_accum) parts.buckets->arm_last_backward();
-    loss.backward();
-    const torch::Tensor micro_loss = result.loss.detach().to(torch::kFloat64);
+    const torch::Tensor micro_loss =
+        forward_backward(parts, b, parts.applied.forward, parts.grad_accum);
     loss_sum = loss_sum.defined() ? loss_sum + micro_loss : micro_loss;
   }
-  {
-    profiler::Scope optimizer_scope(kOptimizerScopeName, profiler::Phase::kOptimizer);
-    parts.net->fill_missing_grads();
-    if (parts.buckets) parts.buckets->finish();  // averaged over ranks before clipping
-    out.optimizer = parts.optimizer->step(lr, clip_norm);
-    parts.optimizer->zero_grad();
-  }
-  // The optimizer has already waited for the step (its gradient norm); this read costs no GPU idle.
+  const torch::Tensor norm = queue_optimizer_step(parts, lr, clip_norm, /*device_schedule=*/false);
+  // The norm read waits for the step; the loss read after it costs no GPU idle.
+  out.optimizer = parts.optimizer->finish_update(lr, clip_norm, norm);
   out.loss = loss_sum.item<double>() / static_cast<double>(parts.grad_accum);
   return out;
 }

@@ -23,6 +23,8 @@
 
 namespace vlatune::trainer {
 
+class StepGraph;
+
 struct TrainingParts {
   model::Pi05Config config;
   torch::Device device{torch::kCPU};
@@ -37,6 +39,8 @@ struct TrainingParts {
   // world's micro-batches of a step are those one process would read with grad_accum x world.
   std::shared_ptr<ProcessGroup> dist;
   std::unique_ptr<GradBuckets> buckets;
+  // Set: steps replay a captured CUDA graph (trainer/step_graph.h); null: eager.
+  std::shared_ptr<StepGraph> step_graph;
 };
 
 // Model (initialized from opt.seed, then --init-weights when `load_init_weights`), recipe applied, data opened,
@@ -57,6 +61,7 @@ struct StepOutcome {
   double loss = 0;     // mean over the micro-batches
   double wait_ms = 0;  // data wait
   StepResult optimizer;
+  double graph_peak_gib = 0.0;  // a replayed CUDA graph's peak (its allocations happened at capture), else 0
 };
 
 // grad_accum x (batch -> forward -> backward), missing gradients zero-filled, gradients all-reduced (averaged)
@@ -65,5 +70,16 @@ struct StepOutcome {
 // Synchronizes once, after the optimizer step is queued (its gradient norm, then the loss, are read): the GPU does
 // not sit idle between backward and the optimizer while the host queues it.
 StepOutcome run_train_step(TrainingParts& parts, int64_t step, double lr, double clip_norm);
+
+// The pieces of a step, shared with StepGraph:
+// the batch of micro-batch `micro` of `step` (in the "<data>" scope);
+model::Pi05Batch next_batch(TrainingParts& parts, int64_t step, int64_t micro, double* wait_ms);
+// forward under `options`, backward of loss / loss_divisor; returns the detached loss in fp64 (on the device);
+torch::Tensor forward_backward(TrainingParts& parts, const model::Pi05Batch& batch,
+                               const model::ForwardOptions& options, int64_t loss_divisor);
+// in the "<optimizer>" scope: missing gradients zero-filled, buckets finished, clip + AdamW queued (with
+// `device_schedule`: scalars from AdamW::write_device_schedule), gradients cleared; returns the norm on the device
+// for AdamW::finish_update.
+torch::Tensor queue_optimizer_step(TrainingParts& parts, double lr, double clip_norm, bool device_schedule);
 
 }  // namespace vlatune::trainer

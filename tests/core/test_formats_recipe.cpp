@@ -34,6 +34,7 @@ Recipe full_recipe() {
   r.model_options.skip_dead = false;
   r.model_options.attention = Attention::kMaterialized;
   r.model_options.precision = Precision::kFp32Master;
+  r.model_options.cuda_graph_step = true;
   r.recompute.modules = {"paligemma_with_expert.paligemma.model.language_model.layers.*.mlp"};
   r.fp8.modules = {"paligemma_with_expert.gemma_expert.model.layers.*.mlp.gate_proj", "action_out_proj"};
   r.groups = {{"vision", {"paligemma_with_expert.paligemma.model.vision_tower"}, true},
@@ -78,6 +79,7 @@ TEST_CASE("An empty recipe object gives every default of DESIGN.md", "[formats][
   CHECK(r.model_options.skip_dead);
   CHECK(r.model_options.attention == Attention::kLean);
   CHECK(r.model_options.precision == Precision::kBf16);
+  CHECK_FALSE(r.model_options.cuda_graph_step);
   CHECK(r.recompute.modules.empty());
   CHECK(r.fp8.scaling == Fp8Scaling::kTensorwise);
   CHECK(r.fp8.modules.empty());
@@ -185,6 +187,9 @@ TEST_CASE("Bad recipe enum values list the allowed ones", "[formats][recipe]") {
              Catch::Equals("recipe.json: $.model_options.attention: expected one of \"lean\", \"materialized\", got "
                            "string \"fast\""));
   CHECK(error_of(R"({"model_options": {"precision": "fp32"}})").json_path() == "$.model_options.precision");
+  CHECK_THAT(error_of(R"({"model_options": {"cuda_graph": true}})").what(),
+             Catch::Contains("$.model_options.cuda_graph") && Catch::Contains("\"off\", \"step\""));
+  CHECK(error_of(R"({"model_options": {"cuda_graph": "layer"}})").json_path() == "$.model_options.cuda_graph");
   CHECK(error_of(R"({"fp8": {"scaling": "rowwise"}})").json_path() == "$.fp8.scaling");
   CHECK_THAT(error_of(R"({"fp8": {"scaling": "current"}})").what(),
              Catch::Equals("recipe.json: $.fp8.scaling: expected one of \"tensorwise\", \"delayed\", got string "
@@ -272,6 +277,9 @@ TEST_CASE("The recipe hash ignores provenance, prediction, rationale and pattern
   Recipe other = base;
   other.batch.grad_accum = 3;
   CHECK(recipe_hash(other) != h);
+  Recipe eager = base;
+  eager.model_options.cuda_graph_step = false;
+  CHECK(recipe_hash(eager) != h);
   Recipe regrouped = base;
   std::swap(regrouped.groups[0], regrouped.groups[1]);
   CHECK(recipe_hash(regrouped) != h);

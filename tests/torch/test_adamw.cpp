@@ -526,3 +526,73 @@ TEST_CASE("The trainer AdamW on the GPU matches the same optimizer on the CPU", 
   const double bound = dtype == torch::kBFloat16 ? 1e-2 : 1e-6;
   for (size_t i = 0; i < cpu.size(); ++i) CHECK(rel_err(gpu[i].second.cpu(), cpu[i].second) < bound);
 }
+
+TEST_CASE("step() is queue_update then finish_update, and a device schedule needs CUDA", "[optimizer]") {
+  AdamWOptions options;
+  options.weight_decay = 0.01;
+  Named a = make_params(torch::kFloat32, 31), b = clone_named(a);
+  AdamW opt_a(a, options), opt_b(b, options);
+  const auto grads = make_grads(3, torch::kFloat32, 32, /*scale=*/3.0);
+  for (int s = 0; s < 3; ++s) {
+    set_grads(a, grads[s]);
+    set_grads(b, grads[s]);
+    const double lr = 1e-2 * (s + 1);
+    const auto ra = opt_a.step(lr, 1.0);
+    const torch::Tensor norm = opt_b.queue_update(lr, 1.0, /*device_schedule=*/false);
+    const auto rb = opt_b.finish_update(lr, 1.0, norm);
+    CHECK(ra.grad_norm == rb.grad_norm);
+    CHECK(ra.step == rb.step);
+    CHECK(rb.step == s + 1);
+  }
+  for (size_t i = 0; i < a.size(); ++i) CHECK(torch::equal(a[i].second, b[i].second));
+  CHECK_THROWS_WITH(opt_b.write_device_schedule(1e-3), Catch::Contains("needs CUDA parameters"));
+  CHECK_THROWS_WITH(opt_b.queue_update(1e-3, 1.0, /*device_schedule=*/true), Catch::Contains("needs CUDA parameters"));
+}
+
+TEST_CASE("adamw_step_scalars rounds lr, decay and bias corrections from doubles once", "[optimizer]") {
+  vlatune::kernels::AdamwParams hp;
+  hp.lr = 3e-4;
+  hp.weight_decay = 0.1;
+  hp.beta1 = 0.9;
+  hp.beta2 = 0.95;
+  hp.step = 7;
+  const auto s = vlatune::kernels::adamw_step_scalars(hp);
+  CHECK(s.decay == static_cast<float>(1.0 - 3e-4 * 0.1));
+  CHECK(s.step_size == static_cast<float>(3e-4 / (1.0 - std::pow(0.9, 7.0))));
+  CHECK(s.bc2_sqrt == static_cast<float>(std::sqrt(1.0 - std::pow(0.95, 7.0))));
+}
+
+TEST_CASE("The fused CUDA AdamW reads a device schedule bit-identically to its launch scalars", "[.gpu][optimizer]") {
+  REQUIRE(torch::cuda::is_available());
+  const auto precision = GENERATE(OptimizerPrecision::kBf16, OptimizerPrecision::kFp32Master);
+  const auto dtype = precision == OptimizerPrecision::kBf16 ? torch::kFloat32 : torch::kBFloat16;
+  AdamWOptions options;
+  options.precision = precision;
+  options.weight_decay = 0.01;
+  options.no_decay = [](const std::string& name) { return name.find("bias") != std::string::npos; };  // 2 groups
+  Named host, device;
+  for (const auto& [name, t] : make_params(dtype, 33)) {
+    host.emplace_back(name, t.detach().to(torch::kCUDA).requires_grad_(true));
+    device.emplace_back(name, t.detach().to(torch::kCUDA).requires_grad_(true));
+  }
+  const auto grads = make_grads(4, dtype, 34, /*scale=*/5.0);
+  AdamW opt_host(host, options), opt_device(device, options);
+  for (int s = 0; s < 4; ++s) {
+    std::vector<torch::Tensor> g;
+    for (const auto& t : grads[s]) g.push_back(t.to(torch::kCUDA));
+    set_grads(host, g);
+    set_grads(device, g);
+    const double lr = 1e-2 / (s + 1);  // changes every step: a stale schedule would show
+    const auto a = opt_host.step(lr, 1.0);
+    opt_device.write_device_schedule(lr);
+    const auto b = opt_device.finish_update(lr, 1.0, opt_device.queue_update(/*lr=*/0.0, 1.0, true));
+    opt_host.zero_grad();
+    opt_device.zero_grad();
+    CHECK(a.grad_norm == b.grad_norm);
+    CHECK(a.step == b.step);
+  }
+  for (size_t i = 0; i < host.size(); ++i) {
+    INFO(host[i].first);
+    CHECK(torch::equal(host[i].second, device[i].second));
+  }
+}
