@@ -136,10 +136,10 @@ bool operator==(const Recipe& a, const Recipe& b) {
   auto key = [](const Recipe& r) {
     return std::tie(r.schema, r.model, r.batch.micro_batch, r.batch.grad_accum, r.data.num_images, r.data.trim_text,
                     r.data.trim_multiple, r.model_options.skip_dead, r.model_options.attention,
-                    r.model_options.precision, r.model_options.cuda_graph_step, r.recompute.modules, r.fp8.scaling, r.fp8.modules,
-                    r.distributed.world_size, r.distributed.reduce_dtype, r.tuned_on.gpu, r.tuned_on.torch,
-                    r.tuned_on.profile, r.predicted.step_ms, r.predicted.peak_gib, r.predicted.samples_per_s,
-                    r.rationale);
+                    r.model_options.precision, r.model_options.cuda_graph_step, r.recompute.modules, r.fp8.scaling,
+                    r.fp8.modules, r.distributed.world_size, r.distributed.reduce_dtype, r.tuned_on.gpu,
+                    r.tuned_on.torch, r.tuned_on.profile, r.predicted.step_ms, r.predicted.peak_gib,
+                    r.predicted.samples_per_s, r.rationale);
   };
   if (key(a) != key(b) || a.groups.size() != b.groups.size()) return false;
   for (size_t i = 0; i < a.groups.size(); ++i) {

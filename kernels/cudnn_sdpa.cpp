@@ -168,7 +168,9 @@ Built build(const SdpaProblem& p, bool backward, cudnnHandle_t handle) {
   check(p, g->build_operation_graph(handle), "build_operation_graph");
   check(p, g->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans");
   check(p, g->check_support(handle), "check_support");
-  check(p, g->build_plans(handle, tuning_requested() ? fe::BuildPlanPolicy_t::ALL : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE),
+  check(p,
+        g->build_plans(handle,
+                       tuning_requested() ? fe::BuildPlanPolicy_t::ALL : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE),
         "build_plans");
   Built built;
   built.graph = std::move(g);

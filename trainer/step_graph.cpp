@@ -168,8 +168,7 @@ StepOutcome StepGraph::run(TrainingParts& parts, int64_t step, double lr, double
            << stats_.capture_peak_gib << " GiB)\n";
     } catch (const std::exception& e) {
       stats_.disabled = e.what();
-      log_ << "cuda graph: the step could not be captured; running eagerly from now on. Reason: " << e.what()
-           << "\n";
+      log_ << "cuda graph: the step could not be captured; running eagerly from now on. Reason: " << e.what() << "\n";
       drop();
       torch::cuda::synchronize();
       StepOutcome eager = run_eager(parts, batch, options, lr, clip_norm);
@@ -178,12 +177,11 @@ StepOutcome StepGraph::run(TrainingParts& parts, int64_t step, double lr, double
     }
   } else {
     parts.optimizer->write_device_schedule(lr);
-    for (auto [dst, src] : {std::make_pair(&static_.images, &batch.images),
-                            std::make_pair(&static_.image_masks, &batch.image_masks),
-                            std::make_pair(&static_.tokens, &batch.tokens),
-                            std::make_pair(&static_.token_masks, &batch.token_masks),
-                            std::make_pair(&static_.actions, &batch.actions), std::make_pair(&static_.noise, &batch.noise),
-                            std::make_pair(&static_.time, &batch.time)})
+    for (auto [dst, src] :
+         {std::make_pair(&static_.images, &batch.images), std::make_pair(&static_.image_masks, &batch.image_masks),
+          std::make_pair(&static_.tokens, &batch.tokens), std::make_pair(&static_.token_masks, &batch.token_masks),
+          std::make_pair(&static_.actions, &batch.actions), std::make_pair(&static_.noise, &batch.noise),
+          std::make_pair(&static_.time, &batch.time)})
       copy_into(*dst, *src);
   }
   // At the capture step the inputs were copied before capturing and the schedule written; replay runs the step.

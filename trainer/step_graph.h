@@ -40,7 +40,6 @@ namespace at::cuda {
 struct CUDAGraph;
 }
 
-
 namespace vlatune::trainer {
 
 struct TrainingParts;
@@ -74,7 +73,7 @@ class StepGraph {
   std::ostream& log_;
   Stats stats_;
   std::unique_ptr<at::cuda::CUDAGraph> graph_;
-  std::optional<c10::Stream> stream_;  // where the steps run (captures need a non-default stream)
+  std::optional<c10::Stream> stream_;                 // where the steps run (captures need a non-default stream)
   std::vector<std::vector<int64_t>> key_, warm_key_;  // shapes captured / last run eagerly
   model::Pi05Batch static_;                           // the graph's inputs
   torch::Tensor loss_, norm_;                         // the graph's outputs

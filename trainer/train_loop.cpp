@@ -29,13 +29,13 @@
 #include "trainer/dataset.h"
 #include "trainer/distributed.h"
 #include "trainer/ema.h"
-#include "trainer/step_graph.h"
 #include "trainer/environment.h"
 #include "trainer/file_util.h"
 #include "trainer/norm_stats.h"
 #include "trainer/optimizer.h"
 #include "trainer/recipe_apply.h"
 #include "trainer/schedule.h"
+#include "trainer/step_graph.h"
 #include "trainer/train_step.h"
 
 namespace vlatune::trainer {

@@ -108,9 +108,9 @@ TrainingParts build_training_parts(const TrainOptions& opt, const formats::Recip
   if (opt.cuda_graph ? *opt.cuda_graph == "step" : parts.applied.cuda_graph_step) {
     const std::string why = step_graph_unsupported(parts);
     if (!why.empty())
-      throw TrainInputError((opt.cuda_graph ? std::string("--cuda-graph step")
-                                            : recipe_label + ": $.model_options.cuda_graph \"step\"") +
-                            ": " + why);
+      throw TrainInputError(
+          (opt.cuda_graph ? std::string("--cuda-graph step") : recipe_label + ": $.model_options.cuda_graph \"step\"") +
+          ": " + why);
     parts.step_graph = std::make_shared<StepGraph>(log);
   }
   return parts;
@@ -167,8 +167,7 @@ StepOutcome run_train_step(TrainingParts& parts, int64_t step, double lr, double
     const model::Pi05Batch b = next_batch(parts, step, micro, &wait);
     out.wait_ms += wait;
     if (parts.buckets && micro + 1 == parts.grad_accum) parts.buckets->arm_last_backward();
-    const torch::Tensor micro_loss =
-        forward_backward(parts, b, parts.applied.forward, parts.grad_accum);
+    const torch::Tensor micro_loss = forward_backward(parts, b, parts.applied.forward, parts.grad_accum);
     loss_sum = loss_sum.defined() ? loss_sum + micro_loss : micro_loss;
   }
   const torch::Tensor norm = queue_optimizer_step(parts, lr, clip_norm, /*device_schedule=*/false);
