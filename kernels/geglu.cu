@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -88,29 +87,20 @@ __global__ void __launch_bounds__(kThreads) geglu_bwd_kernel(const GegluParams p
   }
 }
 
-// The streaming forms (VLATUNE_GEGLU_KERNEL unset or "streaming"; "grid-stride" selects the kernels above):
-// 32-bit index math with the row split by shift and mask (vectors per row a power of two: 2048 and 512 for Pi0.5's
-// backbone and expert) instead of a 64-bit division per vector, two vectors per thread per iteration with every
-// load issued before the math, and streaming cache hints (each byte is read or written once).
+// The forward over power-of-two rows (2048 and 512 vectors for Pi0.5's backbone and expert): 32-bit index math
+// with the row split by shift and mask instead of a 64-bit division per vector, two vectors per thread per
+// iteration with every load issued before the math. On the H200 it takes 0.61 ms where geglu_fwd_kernel takes 0.65
+// (BM_fused_geglu); the same form of the backward was slower than geglu_bwd_kernel (1.25 vs 1.15 ms), and
+// streaming cache hints slowed both (bench/RESULTS.md, 2026-12-01).
 struct RowSplit {
   uint32_t total = 0;  // vectors
   uint32_t shift = 0;  // log2(vectors per row)
 };
 
-template <typename T>
-__device__ __forceinline__ Pack<T, kVec<T>> load_stream(const T* p) {
-  const int4 raw = *reinterpret_cast<const int4*>(p);
-  return *reinterpret_cast<const Pack<T, kVec<T>>*>(&raw);
-}
-template <typename T>
-__device__ __forceinline__ void store_stream(T* p, const Pack<T, kVec<T>>& v) {
-  *reinterpret_cast<int4*>(p) = *reinterpret_cast<const int4*>(&v);
-}
-
 constexpr int kUnroll = 2;
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) geglu_fwd_stream_kernel(const GegluParams p, const RowSplit split) {
+__global__ void __launch_bounds__(kThreads) geglu_fwd_pow2_kernel(const GegluParams p, const RowSplit split) {
   constexpr int V = kVec<T>;
   const uint32_t mask = (1u << split.shift) - 1;
   const T* merged = static_cast<const T*>(p.merged);
@@ -126,8 +116,8 @@ __global__ void __launch_bounds__(kThreads) geglu_fwd_stream_kernel(const GegluP
       const int64_t r = idx >> split.shift, c = static_cast<int64_t>(idx & mask) * V;
       in_off[j] = r * 2 * p.features + c;
       out_off[j] = r * p.features + c;
-      g[j] = load_stream(merged + in_off[j]);
-      u[j] = load_stream(merged + in_off[j] + p.features);
+      g[j] = load_pack(merged + in_off[j], 0);
+      u[j] = load_pack(merged + in_off[j] + p.features, 0);
     }
 #pragma unroll
     for (int j = 0; j < kUnroll; ++j) {
@@ -136,51 +126,7 @@ __global__ void __launch_bounds__(kThreads) geglu_fwd_stream_kernel(const GegluP
 #pragma unroll
       for (int k = 0; k < V; ++k)
         o.v[k] = from_float<T>(round_to<T>(gelu_tanh(to_float(g[j].v[k]))) * to_float(u[j].v[k]));
-      store_stream(out + out_off[j], o);
-    }
-  }
-}
-
-template <typename T>
-__global__ void __launch_bounds__(kThreads) geglu_bwd_stream_kernel(const GegluParams p, const RowSplit split) {
-  constexpr int V = kVec<T>;
-  const uint32_t mask = (1u << split.shift) - 1;
-  const T* merged = static_cast<const T*>(p.merged);
-  const T* grad = static_cast<const T*>(p.grad_out);
-  T* out = static_cast<T*>(p.out);
-  T* act_out = static_cast<T*>(p.act_out);
-  const uint32_t stride = gridDim.x * kThreads * kUnroll;
-  for (uint32_t base = blockIdx.x * kThreads * kUnroll + threadIdx.x; base < split.total; base += stride) {
-    Pack<T, V> g[kUnroll], u[kUnroll], dy[kUnroll];
-    int64_t wide_off[kUnroll], narrow_off[kUnroll];
-#pragma unroll
-    for (int j = 0; j < kUnroll; ++j) {
-      const uint32_t idx = base + j * kThreads;
-      if (idx >= split.total) break;
-      const int64_t r = idx >> split.shift, c = static_cast<int64_t>(idx & mask) * V;
-      wide_off[j] = r * 2 * p.features + c;
-      narrow_off[j] = r * p.features + c;
-      g[j] = load_stream(merged + wide_off[j]);
-      u[j] = load_stream(merged + wide_off[j] + p.features);
-      dy[j] = load_stream(grad + narrow_off[j]);
-    }
-#pragma unroll
-    for (int j = 0; j < kUnroll; ++j) {
-      if (base + j * kThreads >= split.total) break;
-      Pack<T, V> dg, du, act;
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        // As geglu_bwd_kernel (the same roundings).
-        const float x = to_float(g[j].v[k]), up = to_float(u[j].v[k]), d = to_float(dy[j].v[k]);
-        const float gelu = round_to<T>(gelu_tanh(x));
-        dg.v[k] = from_float<T>(gelu_tanh_grad(round_to<T>(d * up), x));
-        du.v[k] = from_float<T>(d * gelu);
-        act.v[k] = from_float<T>(gelu * up);
-      }
-      store_stream(out + wide_off[j], dg);
-      store_stream(out + wide_off[j] + p.features, du);
-      // After this thread's loads of the element's gradient (all issued above): act_out may be grad_out itself.
-      if (act_out != nullptr) store_stream(act_out + narrow_off[j], act);
+      store_pack(out + out_off[j], 0, o);
     }
   }
 }
@@ -228,29 +174,17 @@ int64_t grid_for(int64_t vectors) {
                                                 static_cast<int64_t>(fused_detail::sm_count()) * kBlocksPerSm));
 }
 
-bool streaming_kernels() {
-  static const bool on = [] {
-    const char* v = std::getenv("VLATUNE_GEGLU_KERNEL");
-    return v == nullptr || std::string(v) != "grid-stride";
-  }();
-  return on;
-}
-
 template <typename T>
 void launch_typed(const GegluParams& p, bool forward, cudaStream_t stream) {
   const int64_t total = p.rows * (p.features / kVec<T>);
   const int64_t per_row = p.features / kVec<T>;
-  if (streaming_kernels() && total < (int64_t{1} << 31) && (per_row & (per_row - 1)) == 0) {
+  if (forward && per_row > 0 && total < (int64_t{1} << 31) && (per_row & (per_row - 1)) == 0) {
     RowSplit split;
     split.total = static_cast<uint32_t>(total);
     while ((int64_t{1} << split.shift) < per_row) ++split.shift;
     const int64_t blocks = std::min<int64_t>((total + kThreads * kUnroll - 1) / (kThreads * kUnroll),
                                              static_cast<int64_t>(fused_detail::sm_count()) * kBlocksPerSm);
-    if (forward) {
-      geglu_fwd_stream_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, split);
-    } else {
-      geglu_bwd_stream_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, split);
-    }
+    geglu_fwd_pow2_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, split);
     return;
   }
   const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads,
