@@ -63,6 +63,19 @@ Named clone_named(const Named& named) {
   return out;
 }
 
+// The GPU optimizer cases: "bf16" precision over fp32 parameters (state in their dtype), fp32-master over bf16 ones;
+// weight decay on.
+struct GpuCase {
+  torch::Dtype dtype;
+  AdamWOptions options;
+};
+GpuCase gpu_case(OptimizerPrecision precision) {
+  GpuCase c{precision == OptimizerPrecision::kBf16 ? torch::kFloat32 : torch::kBFloat16, {}};
+  c.options.precision = precision;
+  c.options.weight_decay = 0.01;
+  return c;
+}
+
 std::vector<torch::Tensor> tensors_of(const Named& named) {
   std::vector<torch::Tensor> out;
   for (const auto& entry : named) out.push_back(entry.second);
@@ -505,11 +518,7 @@ TEST_CASE("The fused CUDA norm matches ATen and is deterministic", "[.gpu][optim
 
 TEST_CASE("The trainer AdamW on the GPU matches the same optimizer on the CPU", "[.gpu][optimizer]") {
   REQUIRE(torch::cuda::is_available());
-  const auto precision = GENERATE(OptimizerPrecision::kBf16, OptimizerPrecision::kFp32Master);
-  const auto dtype = precision == OptimizerPrecision::kBf16 ? torch::kFloat32 : torch::kBFloat16;
-  AdamWOptions options;
-  options.precision = precision;
-  options.weight_decay = 0.01;
+  const auto [dtype, options] = gpu_case(GENERATE(OptimizerPrecision::kBf16, OptimizerPrecision::kFp32Master));
   Named cpu = make_params(dtype, 22);
   Named gpu;
   for (const auto& [name, t] : cpu) gpu.emplace_back(name, t.detach().to(torch::kCUDA).requires_grad_(true));
@@ -564,11 +573,7 @@ TEST_CASE("adamw_step_scalars rounds lr, decay and bias corrections from doubles
 
 TEST_CASE("The fused CUDA AdamW reads a device schedule bit-identically to its launch scalars", "[.gpu][optimizer]") {
   REQUIRE(torch::cuda::is_available());
-  const auto precision = GENERATE(OptimizerPrecision::kBf16, OptimizerPrecision::kFp32Master);
-  const auto dtype = precision == OptimizerPrecision::kBf16 ? torch::kFloat32 : torch::kBFloat16;
-  AdamWOptions options;
-  options.precision = precision;
-  options.weight_decay = 0.01;
+  auto [dtype, options] = gpu_case(GENERATE(OptimizerPrecision::kBf16, OptimizerPrecision::kFp32Master));
   options.no_decay = [](const std::string& name) { return name.find("bias") != std::string::npos; };  // 2 groups
   Named host, device;
   for (const auto& [name, t] : make_params(dtype, 33)) {
