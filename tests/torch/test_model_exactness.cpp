@@ -102,6 +102,35 @@ TEST_CASE("Trimming the text to the longest prompt, rounded up, is exact", "[mod
   }
 }
 
+TEST_CASE("apply_input_shortcuts cuts what the forward cuts, and a forward of its output cuts nothing more",
+          "[model]") {
+  auto b = exactness_batch(3);
+  const int64_t longest = b.token_masks.sum(1).max().item<int64_t>();  // right padding: last true index + 1
+  auto options = unshortened();
+  options.prune_slots = true;
+  options.trim_text = true;
+  options.trim_multiple = 4;
+  const Pi05Batch cut = apply_input_shortcuts(b, options);
+  CHECK(cut.images.size(1) == 2);  // the third slot is masked for the whole batch
+  CHECK(cut.image_masks.size(1) == 2);
+  CHECK(torch::equal(cut.image_masks, b.image_masks.narrow(1, 0, 2)));
+  CHECK(cut.tokens.size(1) == (longest + 3) / 4 * 4);
+  CHECK(torch::equal(cut.tokens, b.tokens.narrow(1, 0, cut.tokens.size(1))));
+  CHECK(cut.actions.is_same(b.actions));  // the rest is shared, not copied
+  CHECK(cut.noise.is_same(b.noise));
+  // What StepGraph does: the shortcuts applied first, the forward told to skip them, the same step.
+  auto& model = tiny_fp64_model();
+  auto ref = vlatune::test::model_step(model, b, options);
+  auto none = options;
+  none.prune_slots = false;
+  none.trim_text = false;
+  check_same(vlatune::test::model_step(model, cut, none), ref, 0.0);
+  // Both off: the batch itself.
+  const Pi05Batch same = apply_input_shortcuts(b, none);
+  CHECK(same.images.is_same(b.images));
+  CHECK(same.tokens.is_same(b.tokens));
+}
+
 TEST_CASE("Skipping the last layer's dead prefix work is exact after filling missing grads", "[model]") {
   auto& model = tiny_fp64_model();
   auto b = exactness_batch(3);
