@@ -35,9 +35,16 @@ Pi05Batch make_random_batch(const Pi05Config& cfg, int64_t batch, int64_t slots,
   auto u = torch::empty({batch}, f32).uniform_(0.0, 1.0, gen);
   b.time = u.pow(1.0 / 1.5) * 0.999 + 0.001;
 
-  for (torch::Tensor* t : {&b.images, &b.image_masks, &b.tokens, &b.token_masks, &b.actions, &b.noise, &b.time})
-    *t = t->to(device);
+  for (torch::Tensor* t : batch_tensors(b)) *t = t->to(device);
   return b;
+}
+
+std::array<torch::Tensor*, 7> batch_tensors(Pi05Batch& b) {
+  return {&b.images, &b.image_masks, &b.tokens, &b.token_masks, &b.actions, &b.noise, &b.time};
+}
+
+std::array<const torch::Tensor*, 7> batch_tensors(const Pi05Batch& b) {
+  return {&b.images, &b.image_masks, &b.tokens, &b.token_masks, &b.actions, &b.noise, &b.time};
 }
 
 Pi05Batch batch_to(const Pi05Batch& batch, c10::ScalarType dtype) {

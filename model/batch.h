@@ -3,6 +3,7 @@
 // that runs are reproducible and shortcuts can be compared on the same draw.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include <torch/torch.h>
@@ -20,6 +21,10 @@ struct Pi05Batch {
   torch::Tensor noise;        // [B, H, action_dim] float
   torch::Tensor time;         // [B] float in [0.001, 1]
 };
+
+// Every tensor of the batch, in declaration order, for code that treats them alike (moves, copies, shape keys).
+std::array<torch::Tensor*, 7> batch_tensors(Pi05Batch& b);
+std::array<const torch::Tensor*, 7> batch_tensors(const Pi05Batch& b);
 
 // Random LIBERO-shaped batch: images uniform in [-1, 1]; the first `valid_slots` cameras valid, the rest masked
 // (images -1); prompts of length uniform in [min_prompt, max_prompt] with tokens uniform in [1, vocab), right-

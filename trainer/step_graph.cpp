@@ -21,7 +21,7 @@ namespace {
 // The shapes (and dtypes) a graph is captured for: the batch after its shortcuts.
 std::vector<std::vector<int64_t>> shapes_of(const model::Pi05Batch& b) {
   std::vector<std::vector<int64_t>> key;
-  for (const torch::Tensor* t : {&b.images, &b.image_masks, &b.tokens, &b.token_masks, &b.actions, &b.noise, &b.time}) {
+  for (const torch::Tensor* t : model::batch_tensors(b)) {
     std::vector<int64_t> k = t->defined() ? t->sizes().vec() : std::vector<int64_t>{-1};
     k.push_back(t->defined() ? static_cast<int64_t>(t->scalar_type()) : -1);
     key.push_back(std::move(k));
@@ -32,10 +32,6 @@ std::vector<std::vector<int64_t>> shapes_of(const model::Pi05Batch& b) {
 // A tensor of the graph's inputs: its own contiguous storage outside the graph's pool.
 torch::Tensor static_copy(const torch::Tensor& t) {
   return t.defined() ? t.detach().clone(at::MemoryFormat::Contiguous) : t;
-}
-
-void copy_into(torch::Tensor& dst, const torch::Tensor& src) {
-  if (dst.defined()) dst.copy_(src, /*non_blocking=*/true);
 }
 
 }  // namespace
@@ -68,9 +64,8 @@ void StepGraph::drop() {
 }
 
 StepOutcome StepGraph::run_eager(TrainingParts& parts, const model::Pi05Batch& batch,
-                                 const model::ForwardOptions& options, double lr, double clip_norm) {
+                                 const model::ForwardOptions& options, double lr, double clip_norm, StepOutcome out) {
   ++stats_.eager_steps;
-  StepOutcome out;
   const torch::Tensor loss = forward_backward(parts, batch, options, 1);
   const torch::Tensor norm = queue_optimizer_step(parts, lr, clip_norm, /*device_schedule=*/false);
   out.optimizer = parts.optimizer->finish_update(lr, clip_norm, norm);
@@ -84,9 +79,7 @@ void StepGraph::capture(TrainingParts& parts, const model::Pi05Batch& batch, con
                         double lr, double clip_norm) {
   drop();
   static_ = batch;
-  for (torch::Tensor* t : {&static_.images, &static_.image_masks, &static_.tokens, &static_.token_masks,
-                           &static_.actions, &static_.noise, &static_.time})
-    *t = static_copy(*t);
+  for (torch::Tensor* t : model::batch_tensors(static_)) *t = static_copy(*t);
   parts.optimizer->zero_grad();  // inside the capture, every gradient is made (not accumulated) into the pool
   parts.optimizer->write_device_schedule(lr);
   // The eager steps' cached blocks go back to the device, so that the graph's pool can have them.
@@ -134,12 +127,7 @@ StepOutcome StepGraph::run(TrainingParts& parts, int64_t step, double lr, double
   const c10::cuda::CUDAStreamGuard on_stream(stream);
   StepOutcome out;
   const model::Pi05Batch raw = next_batch(parts, step, 0, &out.wait_ms);
-  if (!stats_.disabled.empty()) {
-    const StepOutcome eager = run_eager(parts, raw, parts.applied.forward, lr, clip_norm);
-    out.loss = eager.loss;
-    out.optimizer = eager.optimizer;
-    return out;
-  }
+  if (!stats_.disabled.empty()) return run_eager(parts, raw, parts.applied.forward, lr, clip_norm, out);
   // The shortcuts read the masks on the host, so they run here, before the graph; the captured forward then has
   // nothing left to cut.
   const model::Pi05Batch batch = model::apply_input_shortcuts(raw, parts.applied.forward);
@@ -158,9 +146,7 @@ StepOutcome StepGraph::run(TrainingParts& parts, int64_t step, double lr, double
       // First step at these shapes: eagerly (cuDNN plans, GEMM heuristics and other lazy set-up stay out of
       // the capture); the next one at the same shapes captures.
       warm_key_ = key;
-      StepOutcome eager = run_eager(parts, batch, options, lr, clip_norm);
-      eager.wait_ms = out.wait_ms;
-      return eager;
+      return run_eager(parts, batch, options, lr, clip_norm, out);
     }
     try {
       capture(parts, batch, options, lr, clip_norm);
@@ -171,18 +157,15 @@ StepOutcome StepGraph::run(TrainingParts& parts, int64_t step, double lr, double
       log_ << "cuda graph: the step could not be captured; running eagerly from now on. Reason: " << e.what() << "\n";
       drop();
       torch::cuda::synchronize();
-      StepOutcome eager = run_eager(parts, batch, options, lr, clip_norm);
-      eager.wait_ms = out.wait_ms;
-      return eager;
+      return run_eager(parts, batch, options, lr, clip_norm, out);
     }
   } else {
     parts.optimizer->write_device_schedule(lr);
-    for (auto [dst, src] :
-         {std::make_pair(&static_.images, &batch.images), std::make_pair(&static_.image_masks, &batch.image_masks),
-          std::make_pair(&static_.tokens, &batch.tokens), std::make_pair(&static_.token_masks, &batch.token_masks),
-          std::make_pair(&static_.actions, &batch.actions), std::make_pair(&static_.noise, &batch.noise),
-          std::make_pair(&static_.time, &batch.time)})
-      copy_into(*dst, *src);
+    // Same shapes as the capture's (the key): each input is copied into its static tensor.
+    const auto dst = model::batch_tensors(static_);
+    const auto src = model::batch_tensors(batch);
+    for (size_t i = 0; i < dst.size(); ++i)
+      if (dst[i]->defined()) dst[i]->copy_(*src[i], /*non_blocking=*/true);
   }
   // At the capture step the inputs were copied before capturing and the schedule written; replay runs the step.
   graph_->replay();

@@ -64,8 +64,9 @@ class StepGraph {
   const Stats& stats() const { return stats_; }
 
  private:
+  // One eager step of `batch`; `out` carries what the caller already knows (the data wait).
   StepOutcome run_eager(TrainingParts& parts, const model::Pi05Batch& batch, const model::ForwardOptions& options,
-                        double lr, double clip_norm);
+                        double lr, double clip_norm, StepOutcome out);
   void capture(TrainingParts& parts, const model::Pi05Batch& batch, const model::ForwardOptions& options, double lr,
                double clip_norm);
   void drop();
