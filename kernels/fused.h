@@ -22,9 +22,10 @@ enum class ActDtype { kFp32, kBf16 };
 struct RmsNormFwdParams {
   ActDtype dtype = ActDtype::kBf16;
   int64_t rows = 0, width = 0;
-  const void* x = nullptr;        // [rows, width]
-  const void* delta = nullptr;    // [rows, width] or null
-  const float* weight = nullptr;  // [width], fp32
+  const void* x = nullptr;         // [rows, width]
+  const void* delta = nullptr;     // [rows, width] or null
+  const float* weight = nullptr;   // [width], fp32
+  const void* weight_t = nullptr;  // or [width] in the activation dtype, read instead (no fp32 copy to make)
   float eps = 1e-6f;
   void* h = nullptr;      // [rows, width], written when delta != null
   void* y = nullptr;      // [rows, width]
@@ -40,6 +41,7 @@ struct RmsNormBwdParams {
   const void* grad_h = nullptr;      // [rows, width] or null: the gradient reaching h from its other uses
   const void* h = nullptr;           // [rows, width]: the normalized input saved by the forward
   const float* weight = nullptr;     // [width]
+  const void* weight_t = nullptr;    // or [width] in the activation dtype, read instead
   const float* rstd = nullptr;       // [rows]
   void* grad_x = nullptr;            // [rows, width]
   float* weight_partials = nullptr;  // [rms_norm_bwd_blocks(rows), width]
@@ -54,7 +56,8 @@ void launch_rms_norm_bwd(const RmsNormBwdParams& p, CUstream_st* stream);
 // ---------------------------------------------------------------------------------------------- LayerNorm
 // SigLIP's pre-LN blocks: h = x + delta (rounded to the dtype, as ATen's add; h = x when delta is null),
 // y = (h - mean) * rstd * weight + bias, mean and rstd = rsqrt(var + eps) (biased variance) in fp32.
-// weight and bias are fp32 copies of the values the reference uses (the parameters cast to the activation dtype).
+// weight and bias are fp32 copies of the values the reference uses (the parameters cast to the activation dtype),
+// or (weight_t, bias_t) those parameters themselves when they are in the activation dtype: the same values.
 struct LayerNormFwdParams {
   ActDtype dtype = ActDtype::kBf16;
   int64_t rows = 0, width = 0;
@@ -62,6 +65,9 @@ struct LayerNormFwdParams {
   const void* delta = nullptr;    // [rows, width] or null
   const float* weight = nullptr;  // [width]
   const float* bias = nullptr;    // [width]
+  // Or both in the activation dtype, read instead (no fp32 copies to make): set together.
+  const void* weight_t = nullptr;
+  const void* bias_t = nullptr;
   float eps = 1e-6f;
   void* h = nullptr;      // [rows, width], written when delta != null
   void* y = nullptr;      // [rows, width]
@@ -79,6 +85,7 @@ struct LayerNormBwdParams {
   const void* grad_h = nullptr;  // [rows, width] or null
   const void* h = nullptr;       // [rows, width]
   const float* weight = nullptr;
+  const void* weight_t = nullptr;  // or the weight in the activation dtype, read instead
   const float* mean = nullptr;
   const float* rstd = nullptr;
   void* grad_x = nullptr;
@@ -132,6 +139,34 @@ struct AdaRmsNormBwdParams {
 int64_t adarms_norm_bwd_splits(int64_t tokens);
 void launch_adarms_norm_fwd(const AdaRmsNormFwdParams& p, CUstream_st* stream);
 void launch_adarms_norm_bwd(const AdaRmsNormBwdParams& p, CUstream_st* stream);
+
+// ---------------------------------------------------------------------------------------------- sums (reduce.cu)
+// out[c] = sum over r < rows of partials[r * cols + c], summed in fp32 in a fixed order (deterministic) and
+// rounded once to `dtype`: a norm backward's per-block partials -> its parameter (or adaRMS modulation) gradients
+// in one launch, where an ATen sum plus a cast per gradient took two to four.
+struct ColumnSumParams {
+  ActDtype dtype = ActDtype::kBf16;
+  int64_t rows = 0, cols = 0;
+  const float* partials = nullptr;  // [rows, cols]
+  void* out = nullptr;              // [cols]
+};
+void launch_column_sums(const ColumnSumParams& p, CUstream_st* stream);
+
+// A Linear's bias gradient: out[c] = sum over the rows of g [rows, cols] (dense, 16-byte aligned, cols a multiple
+// of the 16-byte vector), fp32 accumulation, one rounding to the dtype. Two launches: fp32 partial sums per chunk of
+// rows ([bias_grad_chunks(rows, cols), cols] in `partials`), then launch_column_sums of them. Every block streams
+// 16-byte vectors of whole rows, so the read runs near the copy rate; ATen's column reduction of the same gradient
+// also zero-fills a semaphore buffer per call.
+struct BiasGradParams {
+  ActDtype dtype = ActDtype::kBf16;
+  int64_t rows = 0, cols = 0;
+  const void* g = nullptr;    // [rows, cols]
+  float* partials = nullptr;  // [bias_grad_chunks(rows, cols), cols]
+  void* out = nullptr;        // [cols]
+};
+bool bias_grad_supported(ActDtype dtype, int64_t cols);
+int64_t bias_grad_chunks(int64_t rows, int64_t cols);
+void launch_bias_grad(const BiasGradParams& p, CUstream_st* stream);
 
 // ---------------------------------------------------------------------------------------------- RoPE + QKV split
 // The merged QKV GEMM outputs of both branches -> q [B, H, Tq, D], k/v [B, Hk, N, D] (contiguous, the attention

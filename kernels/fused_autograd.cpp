@@ -6,6 +6,8 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -96,20 +98,43 @@ NormBwdInputs norm_bwd_inputs(const variable_list& grads, const at::Tensor& h) {
 }
 
 #ifdef VLATUNE_HAVE_CUDA
-// The fields the RMSNorm and LayerNorm backward kernels share.
+// True when a norm kernel reads parameter `t` as it is: in the activation dtype of `x`, dense and 16-byte aligned.
+// Otherwise the kernel reads an fp32 copy (fp32-master: fp32 parameters, bf16 activations).
+bool param_in_act_dtype(const at::Tensor& t, const at::Tensor& x) {
+  return t.scalar_type() == x.scalar_type() && t.is_contiguous() && aligned16(t);
+}
+
+// The fields the RMSNorm and LayerNorm backward kernels share. w32: the fp32 copy of `weight` the forward made, or
+// undefined when the kernels read `weight` itself (param_in_act_dtype).
 template <typename Params>
-void fill_norm_bwd(Params& p, const NormBwdInputs& in, const at::Tensor& h, const at::Tensor& w32,
-                   const at::Tensor& rstd, at::Tensor& grad_x, at::Tensor& partials) {
+void fill_norm_bwd(Params& p, const NormBwdInputs& in, const at::Tensor& h, const at::Tensor& weight,
+                   const at::Tensor& w32, const at::Tensor& rstd, at::Tensor& grad_x, at::Tensor& partials) {
   p.dtype = act_dtype(h);
   p.rows = in.rows;
   p.width = in.width;
   p.grad_y = in.grad_y.const_data_ptr();
   p.grad_h = in.grad_h.defined() ? in.grad_h.const_data_ptr() : nullptr;
   p.h = h.const_data_ptr();
-  p.weight = w32.const_data_ptr<float>();
+  p.weight = w32.defined() ? w32.const_data_ptr<float>() : nullptr;
+  p.weight_t = w32.defined() ? nullptr : weight.const_data_ptr();
   p.rstd = rstd.const_data_ptr<float>();
   p.grad_x = grad_x.data_ptr();
   p.weight_partials = partials.data_ptr<float>();
+}
+
+// partials [rows, ...] fp32 -> their sum over rows [...] in `dtype`: one kernel for bf16 and fp32 (ATen's sum and
+// a cast otherwise).
+at::Tensor sum_partials(const at::Tensor& partials, at::ScalarType dtype) {
+  if ((dtype != at::kBFloat16 && dtype != at::kFloat) || !partials.is_contiguous()) return partials.sum(0).to(dtype);
+  at::Tensor out = at::empty(partials.sizes().slice(1), partials.options().dtype(dtype));
+  ColumnSumParams p;
+  p.dtype = dtype == at::kBFloat16 ? ActDtype::kBf16 : ActDtype::kFp32;
+  p.rows = partials.size(0);
+  p.cols = out.numel();
+  p.partials = partials.const_data_ptr<float>();
+  p.out = out.data_ptr();
+  launch_column_sums(p, stream_of(partials));
+  return out;
 }
 #endif
 
@@ -124,7 +149,8 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     if (kernel) {
 #ifdef VLATUNE_HAVE_CUDA
       const c10::cuda::CUDAGuard guard(x.device());
-      const at::Tensor w32 = weight.to(at::kFloat).contiguous();
+      // The weight as it is, or an fp32 copy when it is in another dtype (kept for the backward: one cast).
+      const at::Tensor w32 = param_in_act_dtype(weight, x) ? at::Tensor() : weight.to(at::kFloat).contiguous();
       y = at::empty_like(x);
       h = delta.defined() ? at::empty_like(x) : x;
       rstd = at::empty({rows}, x.options().dtype(at::kFloat));
@@ -134,12 +160,14 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
       p.width = width;
       p.x = x.const_data_ptr();
       p.delta = delta.defined() ? delta.const_data_ptr() : nullptr;
-      p.weight = w32.const_data_ptr<float>();
+      p.weight = w32.defined() ? w32.const_data_ptr<float>() : nullptr;
+      p.weight_t = w32.defined() ? nullptr : weight.const_data_ptr();
       p.eps = static_cast<float>(eps);
       p.h = delta.defined() ? h.data_ptr() : nullptr;
       p.y = y.data_ptr();
       p.rstd = rstd.data_ptr<float>();
       launch_rms_norm_fwd(p, stream_of(x));
+      ctx->saved_data["w32"] = w32;
 #endif
     } else {
       h = delta.defined() ? x + delta : x;
@@ -167,13 +195,13 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     if (kernel) {
 #ifdef VLATUNE_HAVE_CUDA
       const c10::cuda::CUDAGuard guard(h.device());
-      const at::Tensor w32 = weight.to(at::kFloat).contiguous();
+      const at::Tensor w32 = ctx->saved_data["w32"].toTensor();
       grad_x = at::empty_like(h);
       at::Tensor partials = at::empty({rms_norm_bwd_blocks(rows), width}, h.options().dtype(at::kFloat));
       RmsNormBwdParams p;
-      fill_norm_bwd(p, {grad_h, grad_y, width, rows}, h, w32, rstd, grad_x, partials);
+      fill_norm_bwd(p, {grad_h, grad_y, width, rows}, h, weight, w32, rstd, grad_x, partials);
       launch_rms_norm_bwd(p, stream_of(h));
-      grad_w = partials.sum(0).to(weight.scalar_type());
+      grad_w = sum_partials(partials, weight.scalar_type());
 #endif
     } else {
       // Analytic backward of y = n * (1 + w), n = h * rstd, rstd = (mean(h^2) + eps)^-1/2:
@@ -205,9 +233,11 @@ struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
     if (kernel) {
 #ifdef VLATUNE_HAVE_CUDA
       const c10::cuda::CUDAGuard guard(x.device());
-      // The values the reference uses: the parameters cast to the activation dtype (then fp32 for the kernel).
-      const at::Tensor w32 = weight.to(x.scalar_type()).to(at::kFloat).contiguous();
-      const at::Tensor b32 = bias.to(x.scalar_type()).to(at::kFloat).contiguous();
+      // The values the reference uses: the parameters cast to the activation dtype. The kernels read them as they
+      // are when they are in that dtype; else fp32 copies of the cast values (the weight's kept for the backward).
+      const bool in_act = param_in_act_dtype(weight, x) && param_in_act_dtype(bias, x);
+      const at::Tensor w32 = in_act ? at::Tensor() : weight.to(x.scalar_type()).to(at::kFloat).contiguous();
+      const at::Tensor b32 = in_act ? at::Tensor() : bias.to(x.scalar_type()).to(at::kFloat).contiguous();
       y = at::empty_like(x);
       h = delta.defined() ? at::empty_like(x) : x;
       mean = at::empty({rows}, x.options().dtype(at::kFloat));
@@ -218,14 +248,17 @@ struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
       p.width = width;
       p.x = x.const_data_ptr();
       p.delta = delta.defined() ? delta.const_data_ptr() : nullptr;
-      p.weight = w32.const_data_ptr<float>();
-      p.bias = b32.const_data_ptr<float>();
+      p.weight = in_act ? nullptr : w32.const_data_ptr<float>();
+      p.bias = in_act ? nullptr : b32.const_data_ptr<float>();
+      p.weight_t = in_act ? weight.const_data_ptr() : nullptr;
+      p.bias_t = in_act ? bias.const_data_ptr() : nullptr;
       p.eps = static_cast<float>(eps);
       p.h = delta.defined() ? h.data_ptr() : nullptr;
       p.y = y.data_ptr();
       p.mean = mean.data_ptr<float>();
       p.rstd = rstd.data_ptr<float>();
       launch_layer_norm_fwd(p, stream_of(x));
+      ctx->saved_data["w32"] = w32;
 #endif
     } else {
       h = delta.defined() ? x + delta : x;
@@ -250,16 +283,22 @@ struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
     if (kernel) {
 #ifdef VLATUNE_HAVE_CUDA
       const c10::cuda::CUDAGuard guard(h.device());
-      const at::Tensor w32 = weight.to(h.scalar_type()).to(at::kFloat).contiguous();
+      const at::Tensor w32 = ctx->saved_data["w32"].toTensor();
       grad_x = at::empty_like(h);
       at::Tensor partials = at::empty({layer_norm_bwd_blocks(rows), 2, width}, h.options().dtype(at::kFloat));
       LayerNormBwdParams p;
-      fill_norm_bwd(p, {grad_h, grad_y, width, rows}, h, w32, rstd, grad_x, partials);
+      fill_norm_bwd(p, {grad_h, grad_y, width, rows}, h, weight, w32, rstd, grad_x, partials);
       p.mean = mean.const_data_ptr<float>();
       launch_layer_norm_bwd(p, stream_of(h));
-      auto sums = partials.sum(0);  // [2, width]
-      grad_w = sums.select(0, 0).to(weight.scalar_type());
-      grad_b = sums.select(0, 1).to(bias.scalar_type());
+      if (weight.scalar_type() == bias.scalar_type()) {
+        const at::Tensor sums = sum_partials(partials, weight.scalar_type());  // [2, width]: both in one kernel
+        grad_w = sums.select(0, 0);
+        grad_b = sums.select(0, 1);
+      } else {
+        auto sums = partials.sum(0);
+        grad_w = sums.select(0, 0).to(weight.scalar_type());
+        grad_b = sums.select(0, 1).to(bias.scalar_type());
+      }
 #endif
     } else {
       // Analytic backward of y = n * w + b, n = (h - mean) * rstd:
@@ -382,7 +421,9 @@ struct AdaRmsNormFn : public torch::autograd::Function<AdaRmsNormFn> {
       p.grad_delta = has_delta ? grad_delta.data_ptr() : nullptr;
       p.partials = partials.data_ptr<float>();
       launch_adarms_norm_bwd(p, stream_of(x));
-      auto sums = partials.sum(0).unsqueeze(2);  // [B, 3, 1, W]
+      // [B, 3, 1, W] in the modulation's dtype, one kernel (the gate slot holds no sum without delta: unused).
+      const bool one_dtype = !has_delta || gate.scalar_type() == scale.scalar_type();
+      auto sums = one_dtype ? sum_partials(partials, scale.scalar_type()).unsqueeze(2) : partials.sum(0).unsqueeze(2);
       grad_scale = sums.select(1, 0).to(scale.scalar_type());
       grad_shift = sums.select(1, 1).to(scale.scalar_type());
       if (has_delta) grad_gate = sums.select(1, 2).to(gate.scalar_type());
@@ -647,6 +688,15 @@ void weight_and_bias_grads(const at::Tensor& g, const at::Tensor& act, const at:
   result[2] = r.row_sums.to(bias.scalar_type());
 }
 
+// VLATUNE_MERGED_WGRAD=0 (A/B runs): merged_linear's backward runs one weight-gradient GEMM per member.
+bool merged_wgrad_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("VLATUNE_MERGED_WGRAD");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  return enabled;
+}
+
 // args = [x, w_0 .. w_{n-1}, b_0 .. b_{n-1} (when has_bias)].
 struct MergedLinearFn : public torch::autograd::Function<MergedLinearFn> {
   static at::Tensor forward(AutogradContext* ctx, at::TensorList args, int64_t count, bool has_bias) {
@@ -676,23 +726,33 @@ struct MergedLinearFn : public torch::autograd::Function<MergedLinearFn> {
     // else one reduction over the contiguous rows (three strided column reductions read the gradient at a third of
     // the bandwidth).
     const bool sums_in_gemm = has_bias && gemm_tuning_applies(g);
-    const at::Tensor bias_sums = has_bias && !sums_in_gemm ? g.sum(0) : at::Tensor();
+    const at::Tensor bias_sums = has_bias && !sums_in_gemm ? bias_grad(g, g.scalar_type()) : at::Tensor();
+    // Every member's weight gradient from one GEMM over the whole gradient (each member's rows of g^T x are its dW:
+    // disjoint views, as a cat's backward gives): the counterpart of the forward's one GEMM, where a GEMM per
+    // member reads its strided columns of g. Not with the tuned bias-gradient epilogue (per member), nor when a
+    // member needs no gradient.
+    at::Tensor dw_all;
+    bool all_w = !sums_in_gemm && merged_wgrad_enabled();
+    for (int64_t i = 0; i < count; ++i) all_w = all_w && ctx->needs_input_grad(1 + i);
+    if (all_w && count > 1) dw_all = tuned_mm(g.t(), x2);  // [sum n, k]
     int64_t offset = 0;
     for (int64_t i = 0; i < count; ++i) {
       const int64_t n = weights[i].size(0);
       const at::ScalarType dtype = weights[i].scalar_type();
       const at::Tensor gi = g.narrow(1, offset, n);  // strided columns: cuBLAS reads them in place
       const bool want_w = ctx->needs_input_grad(1 + i), want_b = has_bias && ctx->needs_input_grad(1 + count + i);
-      if (sums_in_gemm && want_w && want_b) {
+      if (dw_all.defined()) {
+        result[1 + i] = dw_all.narrow(0, offset, n).to(dtype);
+        if (want_b) result[1 + count + i] = bias_sums.narrow(0, offset, n).to(dtype);
+      } else if (sums_in_gemm && want_w && want_b) {
         MmRowSums r = tuned_mm_row_sums(gi.t(), x2);
         result[1 + i] = r.out.to(dtype);
         result[1 + count + i] = r.row_sums.to(dtype);
       } else {
         if (want_w) result[1 + i] = tuned_mm(gi.t(), x2).to(dtype);
         if (want_b && sums_in_gemm) result[1 + count + i] = gi.sum(0).to(dtype);
-        if (want_b && !sums_in_gemm)
-          result[1 + count + i] =
-              bias_sums.narrow(0, offset, n).to(dtype, /*non_blocking=*/false, /*copy=*/true);  // own storage
+        // Disjoint views of one sum (as the members' weight gradients of a cat's backward would be).
+        if (want_b && !sums_in_gemm) result[1 + count + i] = bias_sums.narrow(0, offset, n).to(dtype);
       }
       offset += n;
     }
@@ -728,7 +788,7 @@ struct GegluLinearFn : public torch::autograd::Function<GegluLinearFn> {
     const int64_t out_features = weight.size(0), f = weight.size(1);
     const at::Tensor g = grads[0].reshape({-1, out_features});
     const bool sum_in_gemm = bias.defined() && gemm_tuning_applies(g);  // the bias gradient comes with dW's GEMM
-    if (bias.defined() && !sum_in_gemm) result[2] = g.sum(0).to(bias.scalar_type());
+    if (bias.defined() && !sum_in_gemm) result[2] = bias_grad(g, bias.scalar_type());
     std::vector<int64_t> act_shape = merged.sizes().vec();
     act_shape.back() = f;
     at::Tensor grad_act = tuned_mm(g, cast_like(weight, g)).view(act_shape);
@@ -814,7 +874,7 @@ struct GeluLinearFn : public torch::autograd::Function<GeluLinearFn> {
     const int64_t out_features = weight.size(0), f = weight.size(1);
     const at::Tensor g = grads[0].reshape({-1, out_features});
     const bool sum_in_gemm = bias.defined() && gemm_tuning_applies(g);  // the bias gradient comes with dW's GEMM
-    if (bias.defined() && !sum_in_gemm) result[2] = g.sum(0).to(bias.scalar_type());
+    if (bias.defined() && !sum_in_gemm) result[2] = bias_grad(g, bias.scalar_type());
     at::Tensor grad_act = tuned_mm(g, cast_like(weight, g)).view(pre.sizes());
     at::Tensor act;
     if (gelu_kernel(pre) && grad_act.is_contiguous() && aligned16(grad_act)) {
@@ -1030,6 +1090,34 @@ at::Tensor kept_or_rebuilt(torch::autograd::AutogradContext* ctx, const std::vec
   // The merged GEMM again, at the start of this backward.
   const auto holder = c10::static_intrusive_pointer_cast<RebuildHolder>(ctx->saved_data["rebuild"].toCapsule());
   return holder->fn(std::vector<at::Tensor>(saved.begin() + static_cast<std::ptrdiff_t>(rebuild_first), saved.end()));
+}
+
+at::Tensor bias_grad(const at::Tensor& g_in, at::ScalarType dtype) {
+  const int64_t n = g_in.size(-1);
+  const at::Tensor g = g_in.reshape({-1, n});
+#ifdef VLATUNE_HAVE_CUDA
+  static const bool enabled = [] {
+    const char* env = std::getenv("VLATUNE_BIAS_GRAD_KERNEL");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  const bool typed = g.scalar_type() == at::kBFloat16 || g.scalar_type() == at::kFloat;
+  if (enabled && g.is_cuda() && typed && g.size(0) > 0 && g.is_contiguous() && aligned16(g) &&
+      bias_grad_supported(act_dtype(g), n)) {
+    const c10::cuda::CUDAGuard guard(g.device());
+    at::Tensor partials = at::empty({bias_grad_chunks(g.size(0), n), n}, g.options().dtype(at::kFloat));
+    at::Tensor out = at::empty({n}, g.options());
+    BiasGradParams p;
+    p.dtype = act_dtype(g);
+    p.rows = g.size(0);
+    p.cols = n;
+    p.g = g.const_data_ptr();
+    p.partials = partials.data_ptr<float>();
+    p.out = out.data_ptr();
+    launch_bias_grad(p, stream_of(g));
+    return out.to(dtype);
+  }
+#endif
+  return g.sum(0).to(dtype);
 }
 
 MergedRebuild merged_linear_rebuild(const at::Tensor& x, const std::vector<at::Tensor>& weights) {

@@ -77,12 +77,19 @@ QkvHeads rope_qkv(const at::Tensor& qkv_prefix, const at::Tensor& qkv_suffix, co
 QkvHeads rope_qkv_ref(const at::Tensor& qkv_prefix, const at::Tensor& qkv_suffix, const at::Tensor& cos,
                       const at::Tensor& sin, int64_t heads, int64_t kv_heads, bool prefix_q);
 
+// A Linear's bias gradient from its output gradient g [..., N]: the sum of g over its rows, [N] in `dtype` (fp32
+// accumulation). CUDA bf16/fp32 with N a multiple of 16 bytes: launch_bias_grad (two kernels, no semaphore memset);
+// elsewhere, and with VLATUNE_BIAS_GRAD_KERNEL=0 (A/B runs), ATen's sum and a cast.
+at::Tensor bias_grad(const at::Tensor& g, at::ScalarType dtype);
+
 // One GEMM for several Linears that read the same input: x W^T with W = [W_0; W_1; ...] (rows stacked, so the
 // output's columns are [y_0 | y_1 | ...]), biases likewise (empty = no biases, else one per weight). Weights are
 // cast to x's dtype when they differ. The parameters stay separate tensors (their names, state dicts and
 // gradients are unchanged). Packed members (adjacent row slices of one buffer, model::pack_rows) are read as one
 // view of that buffer (packed_rows: no copy); otherwise the stack is an at::cat, a temporary of the forward and of
-// the backward, never saved.
+// the backward, never saved. Backward: one dgrad GEMM; one weight-gradient GEMM for all members (each member's
+// gradient a row view of its output; VLATUNE_MERGED_WGRAD=0: a GEMM per member, as with the tuned bias epilogue);
+// the bias gradients from one bias_grad over the whole gradient.
 at::Tensor merged_linear(const at::Tensor& x, const std::vector<at::Tensor>& weights,
                          const std::vector<at::Tensor>& biases = {});
 

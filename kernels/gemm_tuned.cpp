@@ -17,6 +17,8 @@
 #include <string>
 #include <utility>
 
+#include "kernels/fused_ops.h"
+
 #ifdef VLATUNE_HAVE_CUDA
 #include <ATen/cuda/CUDAContextLight.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -39,10 +41,21 @@ bool bias_ok(const at::Tensor& bias, const at::Tensor& like, int64_t n) {
                              bias.device() == like.device());
 }
 
+bool linear_shapes_ok(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  return x.defined() && weight.defined() && x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1) &&
+         x.numel() > 0 && weight.numel() > 0 && weight.scalar_type() == x.scalar_type() &&
+         weight.device() == x.device() && bias_ok(bias, x, weight.size(0));
+}
+
 bool linear_ok(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  return x.defined() && weight.defined() && gemm_tuning_applies(x) && x.dim() >= 1 && weight.dim() == 2 &&
-         x.size(-1) == weight.size(1) && x.numel() > 0 && weight.numel() > 0 &&
-         weight.scalar_type() == x.scalar_type() && weight.device() == x.device() && bias_ok(bias, x, weight.size(0));
+  return gemm_tuning_applies(x) && linear_shapes_ok(x, weight, bias);
+}
+
+// Untuned CUDA bf16/fp16 Linears with a bias take TunedLinearFn too (ATen's GEMMs inside): its backward sums the
+// bias gradient with kernels::bias_grad instead of the ATen column reduction at::linear's backward runs.
+bool bias_linear_ok(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  return bias.defined() && x.defined() && x.is_cuda() &&
+         (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf) && linear_shapes_ok(x, weight, bias);
 }
 
 #ifdef VLATUNE_HAVE_CUDA
@@ -186,13 +199,13 @@ struct TunedLinearFn : public torch::autograd::Function<TunedLinearFn> {
     if (ctx->needs_input_grad(0)) result[0] = tuned_mm(g, weight).view(x.sizes());
     const bool want_w = ctx->needs_input_grad(1), want_b = has_bias && ctx->needs_input_grad(2);
     const at::Tensor x2 = x.reshape({-1, k});
-    if (want_w && want_b) {
+    if (want_w && want_b && gemm_tuning_applies(g)) {
       MmRowSums r = tuned_mm_row_sums(g.t(), x2);  // dW = g^T x, db = sum of g over rows: one GEMM
       result[1] = std::move(r.out);
       result[2] = std::move(r.row_sums);
     } else {
       if (want_w) result[1] = tuned_mm(g.t(), x2);
-      if (want_b) result[2] = g.sum(0);
+      if (want_b) result[2] = bias_grad(g, g.scalar_type());
     }
     return result;
   }
@@ -269,7 +282,7 @@ at::Tensor tuned_linear_forward(const at::Tensor& x, const at::Tensor& weight, c
 }
 
 at::Tensor tuned_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  if (!linear_ok(x, weight, bias)) return at::linear(x, weight, bias);
+  if (!linear_ok(x, weight, bias) && !bias_linear_ok(x, weight, bias)) return at::linear(x, weight, bias);
   return TunedLinearFn::apply(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
 }
 

@@ -61,8 +61,9 @@ at::Tensor tuned_linear_forward(const at::Tensor& x, const at::Tensor& weight, c
 
 // y = x W^T (+ b) as one autograd node whose GEMMs are tuned: forward x W^T + b (bias epilogue), backward
 // dx = g W, dW = g^T x and db = sum of g over rows (fused into dW's GEMM). Saves x and W, as at::linear does.
-// Gradients come out in the inputs' dtype. Taken when tuned_linear_forward's conditions hold; otherwise (CPU, other
-// dtypes, mixed dtypes, tuning off) this is at::linear(x, weight, bias) itself, autograd included.
+// Gradients come out in the inputs' dtype. Taken when tuned_linear_forward's conditions hold, and with tuning off
+// for CUDA bf16/fp16 Linears with a bias (ATen's GEMMs, db by kernels::bias_grad); otherwise (CPU, other dtypes,
+// mixed dtypes, no bias with tuning off) this is at::linear(x, weight, bias) itself, autograd included.
 at::Tensor tuned_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
 // The tuning cache: one record per problem (what was measured, what was kept, how often it ran). Empty on the CPU.

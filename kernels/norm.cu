@@ -51,6 +51,27 @@ constexpr int kBwdBlocksPerSm = 4;
 // runs 32 x 4 blocks; the scale/shift/gate sums leave as [splits, batch, 3, width] partials.
 constexpr int kAdaRowsPerSplit = 16;
 
+// A parameter vector's 16-byte vector j (V elements) as floats: from `in_t` (the activation dtype T: one 16-byte
+// load) when set, else from the fp32 copy (V / 4 loads).
+template <typename T, int V>
+__device__ __forceinline__ void load_param_vec(const float* fp32, const void* in_t, int j, float (&out)[V]) {
+  if (in_t != nullptr) {
+    const Pack<T, V> v = load_pack(static_cast<const T*>(in_t), j);
+#pragma unroll
+    for (int k = 0; k < V; ++k) out[k] = to_float(v.v[k]);
+    return;
+  }
+  const Pack<float, 4>* w4 = reinterpret_cast<const Pack<float, 4>*>(fp32 + static_cast<int64_t>(j) * V);
+#pragma unroll
+  for (int k = 0; k < V; ++k) out[k] = w4[k / 4].v[k % 4];
+}
+
+// One element of a parameter vector, from `in_t` (activation dtype T) when set, else from the fp32 copy.
+template <typename T>
+__device__ __forceinline__ float param_at(const float* fp32, const void* in_t, int64_t i) {
+  return in_t != nullptr ? to_float(static_cast<const T*>(in_t)[i]) : fp32[i];
+}
+
 struct RowShape {
   int threads, iters;
 };
@@ -105,11 +126,12 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_fwd_kernel(const RmsNorm
   for (int it = 0; it < ITERS; ++it) {
     const int j = it * blockDim.x + threadIdx.x;
     if (j >= nvec) continue;
-    const Pack<float, 4>* w4 = reinterpret_cast<const Pack<float, 4>*>(p.weight + static_cast<int64_t>(j) * V);
+    float wv[V];
+    load_param_vec<T, V>(p.weight, p.weight_t, j, wv);
     Pack<T, V> out;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      const float w = w4[k / 4].v[k % 4];
+      const float w = wv[k];
       out.v[k] = from_float<T>(__fmul_rn(hv[it][k] * rstd, w + 1.f));  // (h * rstd) * (1 + w), the reference's order
     }
     store_pack(y, j, out);
@@ -127,7 +149,7 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_bwd_kernel(const RmsNorm
     const int j = it * blockDim.x + threadIdx.x;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      w1[it][k] = j < nvec ? p.weight[static_cast<int64_t>(j) * V + k] + 1.f : 0.f;
+      w1[it][k] = j < nvec ? param_at<T>(p.weight, p.weight_t, static_cast<int64_t>(j) * V + k) + 1.f : 0.f;
       wacc[it][k] = 0.f;
     }
   }
@@ -375,12 +397,13 @@ __device__ __forceinline__ void layer_norm_fwd_row(const LayerNormFwdParams& p, 
   for (int it = 0; it < ITERS; ++it) {
     const int j = it * threads + tid;
     if (j >= nvec) continue;
-    const Pack<float, 4>* w4 = reinterpret_cast<const Pack<float, 4>*>(p.weight + static_cast<int64_t>(j) * V);
-    const Pack<float, 4>* b4 = reinterpret_cast<const Pack<float, 4>*>(p.bias + static_cast<int64_t>(j) * V);
+    float wv[V], bv[V];
+    load_param_vec<T, V>(p.weight, p.weight_t, j, wv);
+    load_param_vec<T, V>(p.bias, p.bias_t, j, bv);
     Pack<T, V> out;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      out.v[k] = from_float<T>((hv[it][k] - mean) * rstd * w4[k / 4].v[k % 4] + b4[k / 4].v[k % 4]);
+      out.v[k] = from_float<T>((hv[it][k] - mean) * rstd * wv[k] + bv[k]);
     }
     store_pack(static_cast<T*>(p.y) + base, j, out);
   }
@@ -424,7 +447,7 @@ __global__ void __launch_bounds__(kMaxThreads) layer_norm_bwd_kernel(const Layer
     const int j = it * blockDim.x + threadIdx.x;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      w[it][k] = j < nvec ? p.weight[static_cast<int64_t>(j) * V + k] : 0.f;
+      w[it][k] = j < nvec ? param_at<T>(p.weight, p.weight_t, static_cast<int64_t>(j) * V + k) : 0.f;
       acc_w[it][k] = acc_b[it][k] = 0.f;
     }
   }

@@ -68,6 +68,10 @@ struct ForwardOptions {
   // precision (every Linear casts its weight to the input's dtype). Norm statistics, RoPE, softmax, the time
   // embedding and the velocity head run in fp32 (fp64 when the activations are fp64).
   std::optional<c10::ScalarType> compute_dtype;
+  // Fused path: the expert's adaRMS modulations from one GEMM (GemmaModelImpl::merged_modulations). That GEMM runs
+  // before the first joint layer, so its backward, which yields every layer's adaRMS weight gradients, runs last:
+  // the trainer turns it off when gradients are reduced per group during backward (data-parallel overlap).
+  bool merge_modulations = true;
   // Debug: return the prefix hidden state entering every joint layer (and leaving the last one, unless the
   // last layer's prefix work is skipped) in Output::prefix_states.
   bool keep_prefix_states = false;

@@ -1,5 +1,8 @@
 #include "model/gemma.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "model/float8_linear.h"
 #include "model/recompute.h"
 #include "profiler/scope.h"
@@ -115,9 +118,10 @@ NormOutput GemmaDecoderLayerImpl::pre_ffn_norm(const torch::Tensor& x, const tor
   return {post_attention_rms(x), torch::Tensor(), x};
 }
 
-NormOutput GemmaDecoderLayerImpl::pre_attention_norm_fused(const torch::Tensor& x, const torch::Tensor& cond) {
+NormOutput GemmaDecoderLayerImpl::pre_attention_norm_fused(const torch::Tensor& x, const torch::Tensor& cond,
+                                                           const torch::Tensor& modulation) {
   if (input_ada) {
-    auto out = input_ada->forward_fused(x, cond, torch::Tensor(), torch::Tensor());
+    auto out = input_ada->forward_fused(x, cond, torch::Tensor(), torch::Tensor(), modulation);
     return {out.y, out.gate, out.h};
   }
   auto out = input_rms->forward_fused(x, torch::Tensor());
@@ -125,10 +129,10 @@ NormOutput GemmaDecoderLayerImpl::pre_attention_norm_fused(const torch::Tensor& 
 }
 
 NormOutput GemmaDecoderLayerImpl::residual_pre_ffn_norm_fused(const torch::Tensor& x, const torch::Tensor& attn,
-                                                              const torch::Tensor& attn_gate,
-                                                              const torch::Tensor& cond) {
+                                                              const torch::Tensor& attn_gate, const torch::Tensor& cond,
+                                                              const torch::Tensor& modulation) {
   if (post_attention_ada) {
-    auto out = post_attention_ada->forward_fused(x, cond, attn, attn_gate);
+    auto out = post_attention_ada->forward_fused(x, cond, attn, attn_gate, modulation);
     return {out.y, out.gate, out.h};
   }
   auto out = post_attention_rms->forward_fused(x, attn);
@@ -149,10 +153,11 @@ GemmaModelImpl::GemmaModelImpl(const GemmaConfig& cfg, bool adaptive, int64_t co
   }
 }
 
-NormOutput GemmaModelImpl::final_norm(const torch::Tensor& x, const torch::Tensor& cond, bool fused) {
+NormOutput GemmaModelImpl::final_norm(const torch::Tensor& x, const torch::Tensor& cond, bool fused,
+                                      const torch::Tensor& modulation) {
   if (fused) {
     if (norm_ada) {
-      auto out = norm_ada->forward_fused(x, cond, torch::Tensor(), torch::Tensor());
+      auto out = norm_ada->forward_fused(x, cond, torch::Tensor(), torch::Tensor(), modulation);
       return {out.y, out.gate, out.h};
     }
     auto out = norm_rms->forward_fused(x, torch::Tensor());
@@ -163,6 +168,48 @@ NormOutput GemmaModelImpl::final_norm(const torch::Tensor& x, const torch::Tenso
     return {out.y, out.gate, x};
   }
   return {norm_rms(x), torch::Tensor(), x};
+}
+
+std::vector<const LinearImpl*> GemmaModelImpl::modulation_linears() const {
+  std::vector<const LinearImpl*> out;
+  if (!norm_ada) return out;
+  for (const auto& layer : layers) {
+    out.push_back(layer->input_ada->dense.get());
+    out.push_back(layer->post_attention_ada->dense.get());
+  }
+  out.push_back(norm_ada->dense.get());
+  return out;
+}
+
+std::vector<torch::Tensor> GemmaModelImpl::merged_modulations(const torch::Tensor& cond) {
+  static const bool enabled = [] {
+    const char* env = std::getenv("VLATUNE_MERGED_MODULATION");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  const std::vector<const LinearImpl*> linears = modulation_linears();
+  if (!enabled || linears.empty()) return {};
+  std::vector<torch::Tensor> weights, biases;
+  std::vector<int64_t> widths;
+  for (const LinearImpl* l : linears) {
+    if (l->fp8) return {};  // FP8 GEMMs per norm
+    weights.push_back(l->weight);
+    biases.push_back(l->bias);
+    widths.push_back(l->weight.size(0));
+  }
+  // Attributed to the expert model's scope (the norms' own scopes see only their kernels); the GEMM inventory
+  // lists the members as one merged GEMM, as for q/k/v.
+  profiler::Scope scope(fqn());
+  if (profiler::scopes_enabled()) {
+    std::vector<const std::string*> names;
+    int64_t n = 0;
+    for (size_t i = 0; i < linears.size(); ++i) {
+      names.push_back(&linears[i]->fqn());
+      n += widths[i];
+    }
+    profiler::note_gemm(names, cond.numel() / cond.size(-1), cond.size(-1), n);
+  }
+  // merged_linear casts the weights to cond's dtype (the compute dtype), as each norm's Linear does.
+  return kernels::merged_linear(cond, weights, biases).split_with_sizes(widths, -1);
 }
 
 std::pair<torch::Tensor, torch::Tensor> rope_tables(const torch::Tensor& positions, int64_t head_dim,
@@ -263,7 +310,8 @@ std::vector<torch::Tensor> joint_layer(GemmaDecoderLayerImpl& prefix, GemmaDecod
   const bool fused = in.fused;
   auto np =
       fused ? prefix.pre_attention_norm_fused(hp, torch::Tensor()) : prefix.pre_attention_norm(hp, torch::Tensor());
-  auto ns = fused ? expert.pre_attention_norm_fused(hs, in.cond) : expert.pre_attention_norm(hs, in.cond);
+  auto ns = fused ? expert.pre_attention_norm_fused(hs, in.cond, in.input_modulation)
+                  : expert.pre_attention_norm(hs, in.cond);
 
   std::vector<torch::Tensor> attn;
   if (options.recompute_attention) {
@@ -305,7 +353,7 @@ std::vector<torch::Tensor> joint_layer(GemmaDecoderLayerImpl& prefix, GemmaDecod
     profiler::Scope expert_scope(expert.fqn());
     NormOutput ns2;
     if (fused) {
-      ns2 = expert.residual_pre_ffn_norm_fused(ns.h, attn.back(), ns.gate, in.cond);
+      ns2 = expert.residual_pre_ffn_norm_fused(ns.h, attn.back(), ns.gate, in.cond, in.post_modulation);
       hs_out = ns2.h;
     } else {
       hs_out = hs + ns.gate * attn.back();

@@ -52,10 +52,13 @@ class GemmaDecoderLayerImpl : public ScopedModule {
   NormOutput pre_attention_norm(const torch::Tensor& x, const torch::Tensor& cond);
   NormOutput pre_ffn_norm(const torch::Tensor& x, const torch::Tensor& cond);
   // Fused path: the pre-attention norm, and the attention residual fused into the pre-FFN norm
-  // (prefix: h = x + attn; expert: h = x + gate * attn, gate from the pre-attention adaRMS).
-  NormOutput pre_attention_norm_fused(const torch::Tensor& x, const torch::Tensor& cond);
+  // (prefix: h = x + attn; expert: h = x + gate * attn, gate from the pre-attention adaRMS). `modulation`: the
+  // adaRMS norm's dense(cond), precomputed (GemmaModelImpl::merged_modulations); undefined: the norm's own GEMM.
+  NormOutput pre_attention_norm_fused(const torch::Tensor& x, const torch::Tensor& cond,
+                                      const torch::Tensor& modulation = {});
   NormOutput residual_pre_ffn_norm_fused(const torch::Tensor& x, const torch::Tensor& attn,
-                                         const torch::Tensor& attn_gate, const torch::Tensor& cond);
+                                         const torch::Tensor& attn_gate, const torch::Tensor& cond,
+                                         const torch::Tensor& modulation = {});
   GemmaAttention self_attn{nullptr};
   GemmaMLP mlp{nullptr};
   // "input_layernorm" / "post_attention_layernorm" (both are *pre*-norms: before attention, before the MLP).
@@ -68,7 +71,18 @@ TORCH_MODULE(GemmaDecoderLayer);
 class GemmaModelImpl : public ScopedModule {
  public:
   GemmaModelImpl(const GemmaConfig& cfg, bool adaptive, int64_t cond_dim, torch::TensorOptions options);
-  NormOutput final_norm(const torch::Tensor& x, const torch::Tensor& cond, bool fused = false);
+  NormOutput final_norm(const torch::Tensor& x, const torch::Tensor& cond, bool fused = false,
+                        const torch::Tensor& modulation = {});
+  // The adaRMS norms' dense Linears (expert; empty for the prefix): per layer input_layernorm.dense and
+  // post_attention_layernorm.dense, then norm.dense. They all read the same cond.
+  std::vector<const LinearImpl*> modulation_linears() const;
+  // Fused path: every modulation of modulation_linears() from one GEMM (kernels::merged_linear over the stacked
+  // weights and biases; the parameters stay separate, and Pi05Impl::pack_merged_weights packs them), in that
+  // order, each a [B, 3 * width] view of the one output. This replaces 2 * depth + 1 small GEMMs per step (their
+  // backward: as many dgrad and wgrad GEMMs, bias sums and gradient additions into cond) with one of each.
+  // Empty (each norm then runs its own GEMM) when the model has no adaRMS, a dense layer runs in FP8, or
+  // VLATUNE_MERGED_MODULATION=0 (for A/B runs).
+  std::vector<torch::Tensor> merged_modulations(const torch::Tensor& cond);
   Embedding embed_tokens{nullptr};             // null for the expert
   torch::nn::ModuleList layers_list{nullptr};  // registered as "layers"
   std::vector<GemmaDecoderLayer> layers;
@@ -79,7 +93,10 @@ TORCH_MODULE(GemmaModel);
 
 // Inputs shared by every joint layer of one forward.
 struct JointInputs {
-  torch::Tensor cond;      // [B, cond_dim], compute dtype: the time condition c
+  torch::Tensor cond;  // [B, cond_dim], compute dtype: the time condition c
+  // The expert layer's adaRMS modulations dense(cond) [B, 3 * width] (input_layernorm, post_attention_layernorm),
+  // set per layer from GemmaModelImpl::merged_modulations on the fused path; undefined: each norm's own GEMM.
+  torch::Tensor input_modulation, post_modulation;
   torch::Tensor cos, sin;  // [B, 1, N, head_dim/2], math dtype: RoPE of positions cumsum(valid) - 1
   torch::Tensor mask;      // [B, 1, N, N] bool: query i may attend key j
   Attention attention = Attention::kLean;

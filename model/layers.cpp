@@ -124,11 +124,13 @@ AdaRMSNormImpl::Output AdaRMSNormImpl::forward(const torch::Tensor& x, const tor
 }
 
 AdaRMSNormImpl::FusedOutput AdaRMSNormImpl::forward_fused(const torch::Tensor& x, const torch::Tensor& cond,
-                                                          const torch::Tensor& delta, const torch::Tensor& gate_prev) {
+                                                          const torch::Tensor& delta, const torch::Tensor& gate_prev,
+                                                          const torch::Tensor& modulation) {
   profiler::Scope scope(fqn());
-  auto modulation = dense->forward(as_dtype_of(cond, x)).unsqueeze(1).chunk(3, -1);  // [B, 1, dim] views
-  auto out = kernels::adarms_norm_residual(x, delta, gate_prev, modulation[0], modulation[1], eps);
-  return {out.h, out.y, modulation[2]};
+  // [B, 1, dim] views (of a merged modulation: rows strided, which the kernel reads in place).
+  auto parts = (modulation.defined() ? modulation : dense->forward(as_dtype_of(cond, x))).unsqueeze(1).chunk(3, -1);
+  auto out = kernels::adarms_norm_residual(x, delta, gate_prev, parts[0], parts[1], eps);
+  return {out.h, out.y, parts[2]};
 }
 
 EmbeddingImpl::EmbeddingImpl(int64_t num, int64_t dim, torch::TensorOptions options) {

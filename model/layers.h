@@ -94,12 +94,14 @@ class AdaRMSNormImpl : public ScopedModule {
   // cond [B, cond_dim], already in the compute dtype.
   Output forward(const torch::Tensor& x, const torch::Tensor& cond);
   // Fused path (kernels::adarms_norm_residual): h = x + gate_prev * delta (the previous norm's gated residual;
-  // delta undefined: h = x), y = adaRMS(h). Returns {h, y, gate}.
+  // delta undefined: h = x), y = adaRMS(h). Returns {h, y, gate}. `modulation` [B, 3 * dim]: dense(cond) computed
+  // by the caller (GemmaModelImpl::merged_modulations: one GEMM for every adaRMS norm of the expert); undefined:
+  // this norm runs its own GEMM.
   struct FusedOutput {
     torch::Tensor h, y, gate;
   };
   FusedOutput forward_fused(const torch::Tensor& x, const torch::Tensor& cond, const torch::Tensor& delta,
-                            const torch::Tensor& gate_prev);
+                            const torch::Tensor& gate_prev, const torch::Tensor& modulation = {});
   Linear dense{nullptr};
   double eps;
 };

@@ -201,6 +201,15 @@ std::vector<std::vector<torch::Tensor>> Pi05Impl::merged_groups() const {
       groups.push_back({layer->mlp->gate_proj->weight, layer->mlp->up_proj->weight});
     }
   }
+  std::vector<torch::Tensor> modulation_weights, modulation_biases;  // GemmaModelImpl::merged_modulations
+  for (const LinearImpl* l : expert_model().modulation_linears()) {
+    modulation_weights.push_back(l->weight);
+    modulation_biases.push_back(l->bias);
+  }
+  if (!modulation_weights.empty()) {
+    groups.push_back(std::move(modulation_weights));
+    groups.push_back(std::move(modulation_biases));
+  }
   return groups;
 }
 
@@ -350,6 +359,9 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
     inputs_scope.reset();
   }
   joint.attention = options.attention;
+  // Fused path: every adaRMS modulation of the expert from one GEMM (2 per layer, then the final norm's).
+  const std::vector<torch::Tensor> modulations =
+      fused && options.merge_modulations ? ex.merged_modulations(joint.cond) : std::vector<torch::Tensor>{};
 
   // 4. Mask and positions over N = P + S: i attends j iff block(j) <= block(i) and valid(j) (prefix block 0,
   // suffix block 1), or i == j (keeps fully padded query rows finite; exact for valid rows).
@@ -387,6 +399,10 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
     GemmaDecoderLayerImpl* lp = lm.layers[i].get();
     GemmaDecoderLayerImpl* le = ex.layers[i].get();
     std::vector<torch::Tensor> result;
+    if (!modulations.empty()) {
+      joint.input_modulation = modulations[2 * i];
+      joint.post_modulation = modulations[2 * i + 1];
+    }
     if (recompute_.joint_layer[i]) {
       const Attention mode = options.attention;
       const bool fused = joint.fused;
@@ -402,9 +418,16 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
             j.cos = in[3];
             j.sin = in[4];
             j.mask = in[5];
+            if (in.size() > 6) {
+              j.input_modulation = in[6];
+              j.post_modulation = in[7];
+            }
             return joint_layer(*lp, *le, in[0], in[1], j, layer_options);
           },
-          {hp, hs, joint.cond, joint.cos, joint.sin, joint.mask}, concat(lp->parameters(), le->parameters()));
+          modulations.empty() ? std::vector<torch::Tensor>{hp, hs, joint.cond, joint.cos, joint.sin, joint.mask}
+                              : std::vector<torch::Tensor>{hp, hs, joint.cond, joint.cos, joint.sin, joint.mask,
+                                                           joint.input_modulation, joint.post_modulation},
+          concat(lp->parameters(), le->parameters()));
     } else {
       layer_options.recompute_attention = recompute_.joint_attention[i];
       layer_options.recompute_prefix_mlp = recompute_.prefix_mlp[i];
@@ -421,7 +444,8 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
   }
 
   // 6. Velocity head in fp32 (the final adaRMS gate is discarded) and the loss.
-  auto suffix_out = ex.final_norm(hs, joint.cond, joint.fused).y.to(md);
+  auto suffix_out =
+      ex.final_norm(hs, joint.cond, joint.fused, modulations.empty() ? torch::Tensor() : modulations.back()).y.to(md);
   out.velocity = action_out_proj(suffix_out);
   {
     static const std::string loss_scope_name = profiler::kLossScope;

@@ -8,8 +8,8 @@
 
 #include <atomic>
 #include <cstdint>
-#include <initializer_list>
 #include <string>
+#include <vector>
 
 namespace vlatune::profiler {
 
@@ -41,7 +41,7 @@ class ScopeSink {
   virtual void push(const std::string& fqn, Phase phase) = 0;
   virtual void pop() = 0;
   // A GEMM y[m, n] = x[m, k] W^T run by the Linears `members` (one, or several for a merged GEMM).
-  virtual void gemm(std::initializer_list<const std::string*> members, int64_t m, int64_t k, int64_t n) {}
+  virtual void gemm(const std::vector<const std::string*>& members, int64_t m, int64_t k, int64_t n) {}
 };
 
 // Work outside model modules is attributed to these pseudo-modules (profile.json uses the same names).
@@ -70,7 +70,7 @@ inline bool scopes_enabled() {
 
 // Reports a GEMM's shape to the profiler (nothing when profiling is off). Linears call it from their forward;
 // a merged GEMM passes all its member FQNs, in the order of their output columns.
-inline void note_gemm(std::initializer_list<const std::string*> members, int64_t m, int64_t k, int64_t n) {
+inline void note_gemm(const std::vector<const std::string*>& members, int64_t m, int64_t k, int64_t n) {
   ScopeSink* sink = detail::active_sink().load(std::memory_order_acquire);
   if (sink != nullptr) sink->gemm(members, m, k, n);
 }

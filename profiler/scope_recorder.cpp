@@ -207,7 +207,7 @@ uint64_t ScopeRecorder::forward_instance_for(uint64_t thread, uint64_t seq) cons
   return std::prev(after)->second;
 }
 
-void ScopeRecorder::gemm(std::initializer_list<const std::string*> members, int64_t m, int64_t k, int64_t n) {
+void ScopeRecorder::gemm(const std::vector<const std::string*>& members, int64_t m, int64_t k, int64_t n) {
   GemmShapeRecord g;
   std::string key;
   for (const std::string* fqn : members) {

@@ -50,7 +50,7 @@ class ScopeRecorder final : public ScopeSink {
 
   void push(const std::string& fqn, Phase phase) override;
   void pop() override;
-  void gemm(std::initializer_list<const std::string*> members, int64_t m, int64_t k, int64_t n) override;
+  void gemm(const std::vector<const std::string*>& members, int64_t m, int64_t k, int64_t n) override;
 
   // Opens/closes a backward instance of forward instance `forward_id` on this thread (the callback's work;
   // public for tests).

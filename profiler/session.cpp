@@ -438,18 +438,7 @@ std::vector<formats::GemmEntry> Session::gemm_inventory(const std::vector<GemmSh
   for (const auto& g : shapes) {
     formats::GemmEntry e;
     e.members = g.members;
-    if (g.members.size() == 1) {
-      e.name = g.members[0];
-    } else {
-      // parent.q_proj+k_proj+v_proj
-      const std::string& first = g.members[0];
-      const auto dot = first.rfind('.');
-      e.name = first.substr(0, dot + 1);
-      for (size_t i = 0; i < g.members.size(); ++i) {
-        const auto d = g.members[i].rfind('.');
-        e.name += (i ? "+" : "") + g.members[i].substr(d + 1);
-      }
-    }
+    e.name = gemm_inventory_name(g.members);
     e.m = g.m;
     e.k = g.k;
     e.n = g.n;
@@ -532,6 +521,19 @@ formats::Profile Session::run() {
 }
 
 }  // namespace
+
+std::string gemm_inventory_name(const std::vector<std::string>& members) {
+  if (members.empty()) return "";
+  const std::string& first = members[0];
+  if (members.size() == 1) return first;
+  const std::string parent = first.substr(0, first.rfind('.') + 1);  // "" for a top-level Linear
+  for (const std::string& m : members)
+    if (m.compare(0, parent.size(), parent) != 0 || m.find('.', parent.size()) != std::string::npos)
+      return first + "+" + std::to_string(members.size() - 1) + " more";
+  std::string name = parent;
+  for (size_t i = 0; i < members.size(); ++i) name += (i ? "+" : "") + members[i].substr(parent.size());
+  return name;
+}
 
 std::vector<std::pair<std::string, std::vector<std::string>>> recompute_classes(const model::Pi05Impl& model) {
   std::vector<std::string> vit, attention, backbone_mlp, backbone_gate_up, expert_mlp, layers;

@@ -34,6 +34,8 @@ void setup_data_parallel(TrainingParts& parts, const TrainOptions& opt) {
   if (opt.dist_buckets != "groups" && opt.dist_buckets != "one")
     throw TrainInputError("--dist-buckets: expected groups or one, got '" + opt.dist_buckets + "'");
   options.overlap = opt.dist_buckets == "groups";
+  // Every layer's group would wait for the merged modulation GEMM's backward, the last of the step.
+  if (options.overlap) parts.applied.forward.merge_modulations = false;
   // The token embedding's gradient comes from its lookup alone (the LM head is unused): non-zero in at most
   // grad_accum x micro-batch x text length rows per rank.
   for (size_t p = 0; p < names.size(); ++p)

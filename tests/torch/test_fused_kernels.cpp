@@ -4,10 +4,12 @@
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "kernels/fused.h"
 #include "kernels/fused_ops.h"
 #include "model/pi05.h"
 #include "tensor_test_util.h"
@@ -262,6 +264,63 @@ TEST_CASE("split_qkv_heads gives the narrow-and-transpose views and their gradie
   CHECK(views.k.data_ptr() == static_cast<char*>(qkv.data_ptr()) + w * qkv.element_size());
 }
 
+TEST_CASE("bias_grad on the CPU is ATen's sum over rows, cast to the parameter dtype", "[fused][kernels]") {
+  const auto g = randn({3, 5, 24}, torch::kFloat32);
+  CHECK(torch::equal(k::bias_grad(g, torch::kFloat32), g.reshape({-1, 24}).sum(0)));
+  const auto got = k::bias_grad(g, torch::kFloat64);
+  CHECK(got.scalar_type() == torch::kFloat64);
+  CHECK(torch::equal(got, g.reshape({-1, 24}).sum(0).to(torch::kFloat64)));
+}
+
+TEST_CASE("merged_modulations gives every adaRMS norm's dense(cond) from one GEMM, in layer order", "[fused][model]") {
+  using namespace vlatune::model;
+  const auto cfg = Pi05Config::tiny();
+  Pi05 net(cfg, torch::kCPU, torch::kFloat64);
+  init_weights(*net, 12);
+  GemmaModelImpl& ex = net->expert_model();
+  const auto linears = ex.modulation_linears();
+  REQUIRE(linears.size() == static_cast<size_t>(2 * cfg.expert.depth + 1));
+  CHECK(linears[0] == ex.layers[0]->input_ada->dense.get());
+  CHECK(linears[1] == ex.layers[0]->post_attention_ada->dense.get());
+  CHECK(linears.back() == ex.norm_ada->dense.get());
+  const auto cond = randn({3, cfg.expert.width}).requires_grad_(true);
+  const auto mods = ex.merged_modulations(cond);
+  REQUIRE(mods.size() == linears.size());
+  auto separate_cond = cond.detach().clone().requires_grad_(true);
+  torch::Tensor merged_sum = torch::zeros({}, torch::kFloat64), separate_sum = torch::zeros({}, torch::kFloat64);
+  for (size_t i = 0; i < mods.size(); ++i) {
+    INFO("norm " << i);
+    const auto want = const_cast<LinearImpl*>(linears[i])->forward(separate_cond);
+    CHECK(mods[i].sizes() == want.sizes());
+    CHECK(rel_err(mods[i], want) < 1e-14);
+    // Distinct weights per norm, so that a mixed-up order or gradient shows.
+    const auto seed = randn(want.sizes().vec());
+    merged_sum = merged_sum + (mods[i] * seed).sum();
+    separate_sum = separate_sum + (want * seed).sum();
+  }
+  const auto params = [&] {
+    std::vector<torch::Tensor> p;
+    for (const LinearImpl* l : linears) p.insert(p.end(), {l->weight, l->bias});
+    return p;
+  }();
+  auto inputs_merged = params, inputs_separate = params;
+  inputs_merged.push_back(cond);
+  inputs_separate.push_back(separate_cond);
+  const auto g_merged = torch::autograd::grad({merged_sum}, inputs_merged);
+  const auto g_separate = torch::autograd::grad({separate_sum}, inputs_separate);
+  for (size_t i = 0; i < g_merged.size(); ++i) {
+    INFO("gradient " << i);
+    CHECK(rel_err(g_merged[i], g_separate[i]) < 1e-12);
+  }
+  // No adaRMS in the prefix; an FP8 dense layer runs its own GEMM, so nothing is merged.
+  CHECK(net->language_model().modulation_linears().empty());
+  CHECK(net->language_model().merged_modulations(cond).empty());
+  net->set_fp8({"paligemma_with_expert.gemma_expert.model.layers.1.post_attention_layernorm.dense"});
+  CHECK(ex.merged_modulations(cond).empty());
+  net->set_fp8({});
+  CHECK(ex.merged_modulations(cond).size() == linears.size());
+}
+
 TEST_CASE("The model's fused structure gives the reference loss and gradients on the CPU (fp64, tiny)",
           "[fused][model]") {
   using namespace vlatune::model;
@@ -475,6 +534,58 @@ TEST_CASE("The CUDA LayerNorm kernels match the fp64 reference", "[.gpu][fused]"
   std::vector<torch::Tensor> in = {randn({rows, width}) * 3 + 2, residual ? randn({rows, width}) : torch::Tensor(),
                                    randn({width}) * 0.2 + 1, randn({width}) * 0.1};
   check_gpu_op(fused, ref, in, {randn({rows, width}), randn({rows, width})}, dtype, "layer_norm");
+}
+
+TEST_CASE("The CUDA column sums of backward partials match an fp64 sum", "[.gpu][fused]") {
+  REQUIRE(torch::cuda::is_available());
+  const auto dtype = GENERATE(torch::kBFloat16, torch::kFloat32);
+  // Rows: 1 and 4 (adaRMS token splits: one row group), 31 and 32 (the switch to 16 row groups), 528 (the norms'
+  // backward blocks on 132 SMs). Columns: less than a block, partial blocks, LayerNorm's 2 x 1152.
+  const int64_t rows = GENERATE(1, 4, 31, 32, 528);
+  const int64_t cols = GENERATE(7, 96, 2304, 98304 + 5);
+  INFO("dtype " << c10::toString(dtype) << " rows " << rows << " cols " << cols);
+  torch::manual_seed(rows * 131 + cols);
+  const auto partials = (randn({rows, cols}) * 3).to(torch::kCUDA, torch::kFloat32);
+  auto out = torch::full({cols}, std::nan(""), partials.options().dtype(dtype));
+  k::ColumnSumParams p;
+  p.dtype = dtype == torch::kBFloat16 ? k::ActDtype::kBf16 : k::ActDtype::kFp32;
+  p.rows = rows;
+  p.cols = cols;
+  p.partials = partials.const_data_ptr<float>();
+  p.out = out.data_ptr();
+  k::launch_column_sums(p, nullptr);  // the legacy default stream, which torch's ops here run on as well
+  torch::cuda::synchronize();
+  const auto want = partials.to(torch::kCPU, torch::kFloat64).sum(0);
+  // fp32 sums of up to 528 terms (~1e-6 relative); bf16 adds one rounding of the result (2^-9).
+  CHECK(rel_err(out.to(torch::kCPU, torch::kFloat64), want) < (dtype == torch::kBFloat16 ? 1e-2 : 1e-5));
+  CHECK_THROWS_AS(([&] {
+                    k::ColumnSumParams bad = p;
+                    bad.rows = 0;
+                    k::launch_column_sums(bad, nullptr);
+                  }()),
+                  std::invalid_argument);
+}
+
+TEST_CASE("bias_grad on the GPU matches an fp64 sum over rows, kernel and fallback shapes", "[.gpu][fused]") {
+  REQUIRE(torch::cuda::is_available());
+  const auto dtype = GENERATE(torch::kBFloat16, torch::kFloat32);
+  // Rows: one, fewer than a chunk's minimum, SigLIP's 16,384 (batch 32). Columns: one vector, SigLIP's widths
+  // (1152, 3 x 1152, 4304: 538 vectors, a partial block), the merged adaRMS modulations; 12 bf16 columns are not
+  // whole vectors (ATen's sum).
+  const int64_t rows = GENERATE(1, 31, 16384);
+  const int64_t cols = GENERATE(8, 12, 1152, 3456, 4304, 113664);
+  if (rows * cols > int64_t{1} << 28) return;  // keep the case small
+  INFO("dtype " << c10::toString(dtype) << " rows " << rows << " cols " << cols);
+  torch::manual_seed(rows + cols);
+  const auto g = randn({rows, cols}).to(torch::kCUDA, dtype);
+  const auto got = k::bias_grad(g.view({1, rows, cols}), dtype);
+  torch::cuda::synchronize();
+  CHECK(got.scalar_type() == dtype);
+  CHECK(got.sizes() == torch::IntArrayRef{cols});
+  CHECK(all_finite(got));
+  CHECK(rel_err(got, g.to(torch::kCPU, torch::kFloat64).sum(0)) < (dtype == torch::kBFloat16 ? 1e-2 : 1e-5));
+  // In another dtype than the gradient's (fp32-master biases): the same sums, cast.
+  if (dtype == torch::kBFloat16) CHECK(torch::equal(k::bias_grad(g, torch::kFloat32), got.to(torch::kFloat32)));
 }
 
 TEST_CASE("The CUDA GELU kernels (inside gelu_linear) match the fp64 reference", "[.gpu][fused]") {

@@ -304,7 +304,19 @@ TEST_CASE("With tuning off the tuned entry points give ATen's results bitwise", 
   const auto dtype = torch::kBFloat16;
   auto x = dev(randn({4, 150, 1152}), dtype), w = dev(randn({4304, 1152}) / 32, dtype), b = dev(randn({4304}), dtype);
   auto seed = dev(randn({4, 150, 4304}), dtype);
-  check_linear_is_aten(x, w, b, seed);
+  check_linear_is_aten(x, w, torch::Tensor(), seed);
+  {
+    // With a bias, tuned_linear is its own node even untuned (ATen's GEMMs; the bias gradient by bias_grad): the
+    // forward is at::linear's, the gradients match the fp64 reference.
+    auto got = run_linear([](auto& x, auto& w, auto& b) { return k::tuned_linear(x, w, b); }, x, w, b, seed);
+    auto ref =
+        run_linear([](auto& x, auto& w, auto& b) { return at::linear(x, w, b); }, f64(x), f64(w), f64(b), f64(seed));
+    CHECK(bitwise_equal(got.y, at::linear(x, w, b)));
+    CHECK(got.db.scalar_type() == dtype);
+    CHECK(rel_err(got.dx, ref.dx) < tol_for(dtype));
+    CHECK(rel_err(got.dw, ref.dw) < tol_for(dtype));
+    CHECK(rel_err(got.db, ref.db) < tol_for(dtype));
+  }
   auto g = seed.reshape({-1, 4304}), x2 = x.reshape({-1, 1152});
   CHECK(bitwise_equal(k::tuned_mm(g, w), at::mm(g, w)));
   auto r = k::tuned_mm_row_sums(g.t(), x2);

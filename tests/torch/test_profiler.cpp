@@ -18,6 +18,7 @@
 #include "formats/profile.h"
 #include "profiler/attribution.h"
 #include "profiler/cupti_api.h"
+#include "profiler/session.h"
 #include "profiler/tracer.h"
 
 using namespace vlatune::profiler;
@@ -133,6 +134,18 @@ TEST_CASE("The tracer's buffer pool is bounded and keeps only the window's recor
   CHECK(t.activities.size() == 2);
   CHECK(t.correlations.size() == 2);
   CHECK(t.dropped_records == 5);
+}
+
+TEST_CASE("GEMM inventory names: one Linear, members of one module, members of several", "[profiler]") {
+  using vlatune::profiler::gemm_inventory_name;
+  CHECK(gemm_inventory_name({"a.b.q_proj"}) == "a.b.q_proj");
+  CHECK(gemm_inventory_name({"a.b.q_proj", "a.b.k_proj", "a.b.v_proj"}) == "a.b.q_proj+k_proj+v_proj");
+  CHECK(gemm_inventory_name({"x", "y"}) == "x+y");
+  // The expert's adaRMS modulations: dense Linears of different norms (nested parents differ).
+  CHECK(gemm_inventory_name({"m.layers.0.input_layernorm.dense", "m.layers.0.post_attention_layernorm.dense",
+                             "m.norm.dense"}) == "m.layers.0.input_layernorm.dense+2 more");
+  CHECK(gemm_inventory_name({"a.b.q_proj", "a.b.c.k_proj"}) == "a.b.q_proj+1 more");
+  CHECK(gemm_inventory_name({}).empty());
 }
 
 TEST_CASE("Attribution: inclusive and self times, backward through the forward's ancestry", "[profiler]") {
