@@ -105,6 +105,21 @@ std::string no_match_hint(const std::vector<std::string_view>& pattern,
 
 }  // namespace
 
+std::string fold_indices(const std::string& fqn) {
+  std::string out;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = fqn.find('.', start);
+    const std::string seg = fqn.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    const bool numeric = !seg.empty() && seg.find_first_not_of("0123456789") == std::string::npos;
+    out += numeric ? "*" : seg;
+    if (dot == std::string::npos) break;
+    out += '.';
+    start = dot + 1;
+  }
+  return out;
+}
+
 bool fqn_matches(const std::string& pattern, const std::string& fqn) {
   std::string_view p(pattern), f(fqn);
   while (true) {

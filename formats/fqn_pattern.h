@@ -19,6 +19,10 @@
 
 namespace vlatune::formats {
 
+// The pattern of a module's repeated unit: every all-digit segment becomes `*` ("a.layers.7.mlp" ->
+// "a.layers.*.mlp"), so that the layers of a stack fold into one class (reports, profile.json's kernel sites).
+std::string fold_indices(const std::string& fqn);
+
 // True when `fqn` has as many segments as `pattern` and each segment is equal or the pattern's is `*`.
 // Pure and allocation-free; does not validate the pattern (an invalid one simply fails to match).
 bool fqn_matches(const std::string& pattern, const std::string& fqn);

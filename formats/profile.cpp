@@ -61,8 +61,22 @@ ModuleCost parse_module(const JsonCursor& c) {
   return m;
 }
 
+KernelSite parse_kernel_site(const JsonCursor& c) {
+  c.expect_object({"module", "phase", "calls", "ms"});
+  KernelSite s;
+  s.module = c.at("module").get_nonempty_string();
+  const JsonCursor phase = c.at("phase");
+  s.phase = phase.get_string();
+  static const std::set<std::string> phases = {"forward", "backward", "recompute", "optimizer", "other"};
+  if (phases.count(s.phase) == 0)
+    phase.fail("expected one of: forward, backward, recompute, optimizer, other; got " + describe_json(phase.value()));
+  s.calls = c.at("calls").get_number(0.0);
+  s.ms = c.at("ms").get_number(0.0);
+  return s;
+}
+
 KernelStat parse_kernel(const JsonCursor& c) {
-  c.expect_object({"name", "category", "calls", "ms"});
+  c.expect_object({"name", "category", "calls", "ms", "sites"});
   KernelStat k;
   k.name = c.at("name").get_nonempty_string();
   const JsonCursor category = c.at("category");
@@ -74,6 +88,12 @@ KernelStat parse_kernel(const JsonCursor& c) {
   }
   k.calls = c.at("calls").get_number(0.0);
   k.ms = c.at("ms").get_number(0.0);
+  if (const auto sites = c.find("sites")) {
+    const size_t n = sites->expect_array();
+    if (n > kMaxKernelSites)
+      sites->fail("expected at most " + std::to_string(kMaxKernelSites) + " sites, got " + std::to_string(n));
+    for (size_t i = 0; i < n; ++i) k.sites.push_back(parse_kernel_site(sites->element(i)));
+  }
   return k;
 }
 
@@ -200,8 +220,15 @@ Communication parse_communication(const JsonCursor& c) {
 
 nlohmann::json kernels_to_json(const std::vector<KernelStat>& kernels) {
   nlohmann::json out = nlohmann::json::array();
-  for (const auto& k : kernels)
-    out.push_back({{"name", k.name}, {"category", k.category}, {"calls", k.calls}, {"ms", k.ms}});
+  for (const auto& k : kernels) {
+    nlohmann::json j = {{"name", k.name}, {"category", k.category}, {"calls", k.calls}, {"ms", k.ms}};
+    if (!k.sites.empty()) {
+      j["sites"] = nlohmann::json::array();
+      for (const auto& s : k.sites)
+        j["sites"].push_back({{"module", s.module}, {"phase", s.phase}, {"calls", s.calls}, {"ms", s.ms}});
+    }
+    out.push_back(std::move(j));
+  }
   return out;
 }
 

@@ -33,7 +33,11 @@
 //                     the profiled recipe recomputes it (then backward_ms includes no recompute; recompute_ms holds the
 //                     recomputed forward).
 //   kernels[]         per kernel name: calls and ms per step, category ("gemm", "attention", "elementwise",
-//                     "reduction", "optimizer", "memcpy", "memset", "communication", "other")
+//                     "reduction", "optimizer", "memcpy", "memset", "communication", "other"); sites (optional;
+//                     absent in profiles before it): where the kernel ran, the largest first, at most kMaxKernelSites
+//                     of them: {module (the innermost scope's module row, layer indices folded into `*`: a
+//                     pattern such as "...language_model.layers.*.mlp", fqn_pattern.h), phase ("forward", "backward",
+//                     "recompute", "optimizer", "other"), calls, ms} per step
 //   attribution       fraction of GPU time inside some scope, the unattributed kernels by name, dropped records
 //   recompute[]       A/B measurements, one per candidate class: the same steps with the candidate's patterns
 //                     recomputed in addition to (or removed from) the profiled recipe's; step_ms_delta (ms, +
@@ -88,11 +92,22 @@ struct ModuleCost {
   bool recomputed = false;
 };
 
+// Where a kernel ran: the module whose scope launched it (innermost; layer indices folded into `*`, so the 18
+// layers of a stack are one site) and the phase.
+struct KernelSite {
+  std::string module;  // an FQN or FQN pattern (fold_indices), or a pseudo-module ("<optimizer>", ...)
+  std::string phase;   // "forward", "backward", "recompute", "optimizer" or "other"
+  double calls = 0;    // per step
+  double ms = 0;       // per step
+};
+inline constexpr size_t kMaxKernelSites = 8;
+
 struct KernelStat {
   std::string name;
-  std::string category;  // see above
-  double calls = 0;      // per step (mean; may be fractional)
-  double ms = 0;         // per step
+  std::string category;           // see above
+  double calls = 0;               // per step (mean; may be fractional)
+  double ms = 0;                  // per step
+  std::vector<KernelSite> sites;  // largest first; empty for unattributed kernels and older profiles
 };
 
 struct Attribution {

@@ -1,8 +1,12 @@
 #include "profiler/attribution.h"
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 #include <unordered_map>
+#include <utility>
 
+#include "formats/fqn_pattern.h"
 #include "profiler/comm_stats.h"
 
 namespace vlatune::profiler {
@@ -18,14 +22,29 @@ std::string lower(std::string s) {
   return s;
 }
 
-struct KernelAcc {
-  std::string category;
+struct SiteAcc {
   double calls = 0, ms = 0;
 };
 
+struct KernelAcc {
+  std::string category;
+  double calls = 0, ms = 0;
+  std::map<std::pair<std::string, Phase>, SiteAcc> sites;  // (module, layer indices folded; phase)
+};
+
+// Per kernel name, largest first, each with its sites, largest first, at most formats::kMaxKernelSites.
 std::vector<formats::KernelStat> sorted_stats(const std::unordered_map<std::string, KernelAcc>& acc, double steps) {
   std::vector<formats::KernelStat> out;
-  for (const auto& [name, a] : acc) out.push_back({name, a.category, a.calls / steps, a.ms / steps});
+  for (const auto& [name, a] : acc) {
+    formats::KernelStat k{name, a.category, a.calls / steps, a.ms / steps, {}};
+    for (const auto& [where, site] : a.sites)
+      k.sites.push_back({where.first, phase_name(where.second), site.calls / steps, site.ms / steps});
+    std::sort(k.sites.begin(), k.sites.end(), [](const auto& x, const auto& y) {
+      return x.ms != y.ms ? x.ms > y.ms : std::tie(x.module, x.phase) < std::tie(y.module, y.phase);
+    });
+    if (k.sites.size() > formats::kMaxKernelSites) k.sites.resize(formats::kMaxKernelSites);
+    out.push_back(std::move(k));
+  }
   std::sort(out.begin(), out.end(),
             [](const auto& a, const auto& b) { return a.ms != b.ms ? a.ms > b.ms : a.name < b.name; });
   return out;
@@ -115,7 +134,8 @@ AttributionResult attribute(const TraceData& trace, int64_t steps, const std::ma
   AttributionResult result;
   std::unordered_map<std::string, KernelAcc> all, unattributed;
   double total_ms = 0, attributed_ms = 0;
-  std::vector<size_t> chain;  // rows
+  std::vector<size_t> chain;                            // rows
+  std::unordered_map<size_t, std::string> folded_name;  // row -> its FQN with layer indices folded (kernel sites)
   for (const ActivityRecord& a : trace.activities) {
     const double ms = static_cast<double>(a.end_ns > a.start_ns ? a.end_ns - a.start_ns : 0) / 1e6;
     total_ms += ms;
@@ -136,6 +156,13 @@ AttributionResult attribute(const TraceData& trace, int64_t steps, const std::ma
     attributed_ms += ms;
     const ScopeRecord& s = *scope;
     row(s.fqn).self_ms += ms / per_step;
+    const size_t own_row = row_index(s.fqn);
+    auto folded = folded_name.find(own_row);
+    if (folded == folded_name.end())
+      folded = folded_name.emplace(own_row, formats::fold_indices(rows[own_row].fqn)).first;
+    SiteAcc& site = k.sites[{folded->second, s.phase}];
+    site.calls += 1;
+    site.ms += ms;
     // Ancestry: the instance's module, then its parents' (distinct modules only).
     chain.clear();
     chain.push_back(row_index(s.fqn));

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 
+#include "formats/fqn_pattern.h"
 #include "reports/number_format.h"
 #include "reports/svg.h"
 
@@ -12,23 +13,8 @@ namespace vlatune::reports {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-constexpr size_t kMaxGemmRows = 400;  // the per-GEMM table (inside <details>) stops here
-
-// "a.layers.7.mlp" -> "a.layers.*.mlp": repeated units (layers, experts' layers) become one class.
-std::string index_pattern(const std::string& fqn) {
-  std::string out;
-  size_t start = 0;
-  while (true) {
-    const size_t dot = fqn.find('.', start);
-    const std::string seg = fqn.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-    const bool numeric = !seg.empty() && seg.find_first_not_of("0123456789") == std::string::npos;
-    out += numeric ? "*" : seg;
-    if (dot == std::string::npos) break;
-    out += '.';
-    start = dot + 1;
-  }
-  return out;
-}
+constexpr size_t kMaxGemmRows = 400;   // the per-GEMM table (inside <details>) stops here
+constexpr size_t kMaxKernelRows = 20;  // the kernel table of the module section
 
 std::string note(const std::string& text) {
   return "<p class=\"note\">" + escape_html(text) + "</p>";
@@ -119,6 +105,21 @@ std::string module_section(const formats::BatchProfile& b) {
       "<h3>Hot spots (exclusive time)</h3>" + html_table({"module", "kind", "self ms", "forward ms", "backward ms",
                                                           "recompute ms", "kernels", "activation GiB", "recomputed"},
                                                          table, 2);
+  if (!b.kernels.empty()) {
+    // The largest kernels and where they ran (profile.json's kernel sites: module with layer indices folded, phase).
+    std::vector<std::vector<std::string>> kernels;
+    for (size_t i = 0; i < b.kernels.size() && i < kMaxKernelRows; ++i) {
+      const auto& k = b.kernels[i];
+      std::string where;
+      for (size_t j = 0; j < k.sites.size() && j < 3; ++j)
+        where += (j ? "\n" : "") + k.sites[j].module + " (" + k.sites[j].phase + ") " + fixed(k.sites[j].ms, 3) + " ms";
+      if (k.sites.empty()) where = "-";
+      kernels.push_back({k.name.size() > 90 ? k.name.substr(0, 87) + "..." : k.name, k.category, where,
+                         fixed(k.calls, 1), fixed(k.ms, 3)});
+    }
+    html += "<h3>Largest kernels and where they ran</h3>" +
+            html_table({"kernel", "category", "where (largest 3)", "calls per step", "ms per step"}, kernels, 3);
+  }
   return html;
 }
 
@@ -217,7 +218,7 @@ std::vector<ModuleBar> module_bars(const formats::BatchProfile& batch, size_t ma
   std::map<std::string, int> by_pattern;
   for (size_t i = 0; i < batch.modules.size(); ++i) {
     const auto& m = batch.modules[i];
-    const std::string pat = index_pattern(m.fqn);
+    const std::string pat = formats::fold_indices(m.fqn);
     auto [it, fresh] = by_pattern.emplace(pat, static_cast<int>(nodes.size()));
     if (fresh) {
       ClassNode n;
@@ -306,7 +307,7 @@ std::vector<GemmClass> gemm_classes(const std::vector<formats::GemmEntry>& gemms
   std::vector<GemmClass> out;
   std::map<std::string, size_t> index;
   for (const auto& g : gemms) {
-    const std::string pat = index_pattern(g.name);
+    const std::string pat = formats::fold_indices(g.name);
     auto [it, fresh] = index.emplace(pat, out.size());
     if (fresh) out.push_back({pat});
     GemmClass& c = out[it->second];

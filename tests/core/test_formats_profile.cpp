@@ -50,11 +50,17 @@ BatchProfile sample_batch(int64_t batch) {
                  false};
   ModuleCost optimizer{"<optimizer>", "pseudo", 0, 0, 0, 12.0, 30, 0, 0, 0, false};
   b.modules = {layer, mlp, optimizer};
-  b.kernels = {{"nvjet_tst_128x256", "gemm", 400, 450.0}, {"vlatune_adamw", "optimizer", 30, 12.0}};
+  b.kernels = {{"nvjet_tst_128x256",
+                "gemm",
+                400,
+                450.0,
+                {{"paligemma_with_expert.paligemma.model.language_model.layers.0.mlp", "backward", 2, 300.0},
+                 {"paligemma_with_expert.paligemma.model.language_model.layers.0.mlp", "forward", 1, 150.0}}},
+               {"vlatune_adamw", "optimizer", 30, 12.0, {{"<optimizer>", "optimizer", 30, 12.0}}}};
   b.attribution.gpu_ms = 690;
   b.attribution.attributed_fraction = 0.995;
   b.attribution.dropped_records = 0;
-  b.attribution.unattributed = {{"at::native::fill_kernel", "memset", 3, 0.2}};
+  b.attribution.unattributed = {{"at::native::fill_kernel", "memset", 3, 0.2, {}}};
   b.recompute = {
       {"backbone_mlp", {"paligemma_with_expert.paligemma.model.language_model.layers.*.mlp"}, true, 40.0, -10.0, 4.0}};
   return b;
@@ -124,6 +130,13 @@ TEST_CASE("profile.json round-trips through the writer and the reader", "[format
   CHECK_FALSE(back.gemms[1].fp8.has_value());
   CHECK(back.overhead->fraction() == Approx(712.0 / 700.0 - 1));
   CHECK(back.recipe.recompute.modules == p.recipe.recompute.modules);
+  REQUIRE(back.batches[0].kernels[0].sites.size() == 2);
+  CHECK(back.batches[0].kernels[0].sites[0].phase == "backward");
+  CHECK(back.batches[0].kernels[0].sites[1].ms == 150.0);
+  // Profiles written before kernel sites existed have none: still read.
+  json old = profile_to_json(p);
+  for (auto& k : old["batches"][0]["kernels"]) k.erase("sites");
+  CHECK(parse_profile(old, "old.json").batches[0].kernels[0].sites.empty());
 }
 
 TEST_CASE("profile.json reader rejects bad input with the JSON path", "[formats][profile]") {
@@ -162,6 +175,18 @@ TEST_CASE("profile.json reader rejects bad input with the JSON path", "[formats]
       {with("/batches/0/attribution/attributed_fraction"_json_pointer, 1.5),
        "$.batches[0].attribution.attributed_fraction", "0..1"},
       {with("/batches/0/kernels/0/category"_json_pointer, "matmul"), "$.batches[0].kernels[0].category", "gemm"},
+      {with("/batches/0/kernels/0/sites/1/phase"_json_pointer, "warmup"), "$.batches[0].kernels[0].sites[1].phase",
+       "forward, backward"},
+      {with("/batches/0/kernels/0/sites/0/module"_json_pointer, ""), "$.batches[0].kernels[0].sites[0].module",
+       "non-empty"},
+      {with("/batches/0/kernels/0/sites"_json_pointer,
+            json::array({good["batches"][0]["kernels"][0]["sites"][0], good["batches"][0]["kernels"][0]["sites"][0],
+                         good["batches"][0]["kernels"][0]["sites"][0], good["batches"][0]["kernels"][0]["sites"][0],
+                         good["batches"][0]["kernels"][0]["sites"][0], good["batches"][0]["kernels"][0]["sites"][0],
+                         good["batches"][0]["kernels"][0]["sites"][0], good["batches"][0]["kernels"][0]["sites"][0],
+                         good["batches"][0]["kernels"][0]["sites"][0]})),
+       "$.batches[0].kernels[0].sites", "at most 8 sites"},
+      {with("/batches/0/kernels/0/sites/0/ms"_json_pointer, -1.0), "$.batches[0].kernels[0].sites[0].ms", ">= 0"},
       {with("/batches/0/modules/0/activation_bytes"_json_pointer, -1), "$.batches[0].modules[0].activation_bytes",
        ">= 0"},
       {with("/gemms/0/m"_json_pointer, 0), "$.gemms[0].m", ">= 1"},

@@ -158,3 +158,14 @@ TEST_CASE("An invalid pattern is reported with its index before any matching", "
       resolve_patterns({"action_in_proj", "time_mlp_*"}, pi05_like_modules(), "recipe.json", "$.fp8.modules"),
       Catch::StartsWith("recipe.json: $.fp8.modules[1]: "));
 }
+
+TEST_CASE("fold_indices turns layer indices into wildcards and leaves other segments", "[formats][fqn]") {
+  using vlatune::formats::fold_indices;
+  CHECK(fold_indices("a.layers.7.mlp") == "a.layers.*.mlp");
+  CHECK(fold_indices("a.layers.12.self_attn.q_proj") == "a.layers.*.self_attn.q_proj");
+  CHECK(fold_indices("7") == "*");
+  CHECK(fold_indices("layer7.x1") == "layer7.x1");  // digits inside a name stay
+  CHECK(fold_indices("<optimizer>") == "<optimizer>");
+  CHECK(fold_indices("") == "");
+  CHECK(vlatune::formats::fqn_matches(fold_indices("a.layers.3.mlp"), "a.layers.0.mlp"));
+}

@@ -59,6 +59,12 @@ Profile small_profile(double step_ms, double mlp1_ms = 2.0) {
       module("m.head", 0.5, 1.0, 1.5),
       module("<optimizer>", 0, 0, 12.0, "pseudo"),
   };
+  b.kernels = {{"nvjet_sm90_tst_128x256",
+                "gemm",
+                12,
+                9.0,
+                {{"m.layers.*.mlp", "backward", 4, 4.0}, {"m.layers.*.mlp", "forward", 2, 2.0}}},
+               {"adamw_kernel", "optimizer", 1, 12.0, {{"<optimizer>", "optimizer", 1, 12.0}}}};
   b.attribution.gpu_ms = step_ms;
   b.attribution.attributed_fraction = 0.95;
   vlatune::formats::RecomputeCandidate rc;
@@ -169,5 +175,8 @@ TEST_CASE("The report renders a profile's sections", "[reports][html][profile]")
   CHECK(svgs == 5);
   CHECK(html.find("1.0 = no gain") != std::string::npos);
   CHECK(html.find("GPU 139.8 GiB") != std::string::npos);
+  // The kernel table: the largest kernels with their sites (module pattern, phase, ms).
+  CHECK(html.find("Largest kernels and where they ran") != std::string::npos);
+  CHECK(html.find("m.layers.*.mlp (backward) 4.000 ms") != std::string::npos);
   CHECK(html == vlatune::reports::render_report(in));
 }

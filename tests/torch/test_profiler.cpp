@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli.h"
+#include "formats/fqn_pattern.h"
 #include "formats/profile.h"
 #include "profiler/attribution.h"
 #include "profiler/cupti_api.h"
@@ -231,6 +232,31 @@ TEST_CASE("vlatune profile on the tiny model writes a readable profile and a tra
   CHECK(mlp_backward);
   CHECK(optimizer);
   CHECK(loss);
+  // Each kernel (here: an ATen op) lists where it ran: module rows and phases, largest first, within the kernel's
+  // own time; GEMMs run in forward and in backward.
+  REQUIRE_FALSE(b.kernels.empty());
+  CHECK_FALSE(b.kernels.front().sites.empty());
+  bool gemm_forward = false, gemm_backward = false;
+  for (const auto& k : b.kernels) {
+    INFO(k.name);
+    CHECK(k.sites.size() <= vlatune::formats::kMaxKernelSites);
+    double site_ms = 0;
+    for (size_t i = 0; i < k.sites.size(); ++i) {
+      site_ms += k.sites[i].ms;
+      if (i > 0) CHECK(k.sites[i].ms <= k.sites[i - 1].ms);
+      // A module, its layer indices folded: the site names every layer of a stack at once.
+      CHECK(k.sites[i].module.find(".0.") == std::string::npos);
+      CHECK(std::any_of(b.modules.begin(), b.modules.end(),
+                        [&](const auto& m) { return vlatune::formats::fqn_matches(k.sites[i].module, m.fqn); }));
+      if (k.category == "gemm") {
+        gemm_forward = gemm_forward || k.sites[i].phase == "forward";
+        gemm_backward = gemm_backward || k.sites[i].phase == "backward";
+      }
+    }
+    CHECK(site_ms <= k.ms * (1 + 1e-9) + 1e-12);
+  }
+  CHECK(gemm_forward);
+  CHECK(gemm_backward);
   CHECK(b.recompute.size() == 7);                  // six classes and the user's pattern
   CHECK(b.recompute.back().patterns.size() == 1);  // the last layer's prefix MLP is dead work (skip_dead)
   CHECK_FALSE(p.gemms.empty());
