@@ -108,7 +108,6 @@ void StepGraph::capture(TrainingParts& parts, const model::Pi05Batch& batch, con
   graph->capture_end();
   graph_ = std::move(graph);
   clip_norm_ = clip_norm;
-  key_ = shapes_of(static_);
   stats_.capture_peak_gib = peak_allocated_gib(parts.device);
   ++stats_.captures;
 }
@@ -150,6 +149,7 @@ StepOutcome StepGraph::run(TrainingParts& parts, int64_t step, double lr, double
     }
     try {
       capture(parts, batch, options, lr, clip_norm);
+      key_ = key;  // the static inputs were made from this batch: its shapes
       log_ << "cuda graph: captured step " << step << " (capture " << stats_.captures << ", peak "
            << stats_.capture_peak_gib << " GiB)\n";
     } catch (const std::exception& e) {
