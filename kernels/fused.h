@@ -154,9 +154,9 @@ void launch_column_sums(const ColumnSumParams& p, CUstream_st* stream);
 
 // A Linear's bias gradient: out[c] = sum over the rows of g [rows, cols] (dense, 16-byte aligned, cols a multiple
 // of the 16-byte vector), fp32 accumulation, one rounding to the dtype. Two launches: fp32 partial sums per chunk of
-// rows ([bias_grad_chunks(rows, cols), cols] in `partials`), then launch_column_sums of them. Every block streams
-// 16-byte vectors of whole rows, so the read runs near the copy rate; ATen's column reduction of the same gradient
-// also zero-fills a semaphore buffer per call.
+// rows ([bias_grad_chunks(rows, cols), cols] in `partials`), then launch_column_sums of them. Every warp reads
+// 16-byte vectors along whole rows, so the read can run near the copy rate (not measured yet, bench/RESULTS.md
+// "sixth session"; ATen's column reductions took about twice the copy time in the H200 profile).
 struct BiasGradParams {
   ActDtype dtype = ActDtype::kBf16;
   int64_t rows = 0, cols = 0;

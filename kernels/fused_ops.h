@@ -78,7 +78,7 @@ QkvHeads rope_qkv_ref(const at::Tensor& qkv_prefix, const at::Tensor& qkv_suffix
                       const at::Tensor& sin, int64_t heads, int64_t kv_heads, bool prefix_q);
 
 // A Linear's bias gradient from its output gradient g [..., N]: the sum of g over its rows, [N] in `dtype` (fp32
-// accumulation). CUDA bf16/fp32 with N a multiple of 16 bytes: launch_bias_grad (two kernels, no semaphore memset);
+// accumulation). CUDA bf16/fp32 with N a multiple of 16 bytes: launch_bias_grad (two kernels);
 // elsewhere, and with VLATUNE_BIAS_GRAD_KERNEL=0 (A/B runs), ATen's sum and a cast.
 at::Tensor bias_grad(const at::Tensor& g, at::ScalarType dtype);
 
