@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
 #include <map>
 #include <memory>
@@ -20,6 +19,7 @@
 #include <vector>
 
 #include "kernels/cuda_check.h"
+#include "kernels/env_switch.h"
 #endif
 
 namespace vlatune::kernels {
@@ -90,10 +90,7 @@ struct Built {
 };
 
 bool tuning_requested() {
-  static const bool on = [] {
-    const char* v = std::getenv("VLATUNE_CUDNN_SDPA_TUNE");
-    return v != nullptr && std::string(v) == "1";
-  }();
+  static const bool on = env_switch("VLATUNE_CUDNN_SDPA_TUNE", false);
   return on;
 }
 

@@ -6,12 +6,11 @@
 #include <torch/torch.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
 
+#include "kernels/env_switch.h"
 #include "kernels/fused.h"
 #include "kernels/fused_ops.h"
 #include "kernels/gemm_tuned.h"
@@ -104,8 +103,15 @@ bool param_in_act_dtype(const at::Tensor& t, const at::Tensor& x) {
   return t.scalar_type() == x.scalar_type() && t.is_contiguous() && aligned16(t);
 }
 
-// The fields the RMSNorm and LayerNorm backward kernels share. w32: the fp32 copy of `weight` the forward made, or
-// undefined when the kernels read `weight` itself (param_in_act_dtype).
+// Points a norm kernel at its weight: the fp32 copy `w32` when the forward made one, else `weight` itself
+// (param_in_act_dtype).
+template <typename Params>
+void set_weight(Params& p, const at::Tensor& weight, const at::Tensor& w32) {
+  p.weight = w32.defined() ? w32.const_data_ptr<float>() : nullptr;
+  p.weight_t = w32.defined() ? nullptr : weight.const_data_ptr();
+}
+
+// The fields the RMSNorm and LayerNorm backward kernels share (w32 as for set_weight).
 template <typename Params>
 void fill_norm_bwd(Params& p, const NormBwdInputs& in, const at::Tensor& h, const at::Tensor& weight,
                    const at::Tensor& w32, const at::Tensor& rstd, at::Tensor& grad_x, at::Tensor& partials) {
@@ -115,8 +121,7 @@ void fill_norm_bwd(Params& p, const NormBwdInputs& in, const at::Tensor& h, cons
   p.grad_y = in.grad_y.const_data_ptr();
   p.grad_h = in.grad_h.defined() ? in.grad_h.const_data_ptr() : nullptr;
   p.h = h.const_data_ptr();
-  p.weight = w32.defined() ? w32.const_data_ptr<float>() : nullptr;
-  p.weight_t = w32.defined() ? nullptr : weight.const_data_ptr();
+  set_weight(p, weight, w32);
   p.rstd = rstd.const_data_ptr<float>();
   p.grad_x = grad_x.data_ptr();
   p.weight_partials = partials.data_ptr<float>();
@@ -160,8 +165,7 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
       p.width = width;
       p.x = x.const_data_ptr();
       p.delta = delta.defined() ? delta.const_data_ptr() : nullptr;
-      p.weight = w32.defined() ? w32.const_data_ptr<float>() : nullptr;
-      p.weight_t = w32.defined() ? nullptr : weight.const_data_ptr();
+      set_weight(p, weight, w32);
       p.eps = static_cast<float>(eps);
       p.h = delta.defined() ? h.data_ptr() : nullptr;
       p.y = y.data_ptr();
@@ -248,9 +252,8 @@ struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
       p.width = width;
       p.x = x.const_data_ptr();
       p.delta = delta.defined() ? delta.const_data_ptr() : nullptr;
-      p.weight = in_act ? nullptr : w32.const_data_ptr<float>();
+      set_weight(p, weight, w32);
       p.bias = in_act ? nullptr : b32.const_data_ptr<float>();
-      p.weight_t = in_act ? weight.const_data_ptr() : nullptr;
       p.bias_t = in_act ? bias.const_data_ptr() : nullptr;
       p.eps = static_cast<float>(eps);
       p.h = delta.defined() ? h.data_ptr() : nullptr;
@@ -690,10 +693,7 @@ void weight_and_bias_grads(const at::Tensor& g, const at::Tensor& act, const at:
 
 // VLATUNE_MERGED_WGRAD=0 (A/B runs): merged_linear's backward runs one weight-gradient GEMM per member.
 bool merged_wgrad_enabled() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("VLATUNE_MERGED_WGRAD");
-    return env == nullptr || std::strcmp(env, "0") != 0;
-  }();
+  static const bool enabled = env_switch("VLATUNE_MERGED_WGRAD", true);
   return enabled;
 }
 
@@ -741,9 +741,10 @@ struct MergedLinearFn : public torch::autograd::Function<MergedLinearFn> {
       const at::ScalarType dtype = weights[i].scalar_type();
       const at::Tensor gi = g.narrow(1, offset, n);  // strided columns: cuBLAS reads them in place
       const bool want_w = ctx->needs_input_grad(1 + i), want_b = has_bias && ctx->needs_input_grad(1 + count + i);
+      // Disjoint views of one sum (as the members' weight gradients of a cat's backward would be).
+      if (want_b && !sums_in_gemm) result[1 + count + i] = bias_sums.narrow(0, offset, n).to(dtype);
       if (dw_all.defined()) {
         result[1 + i] = dw_all.narrow(0, offset, n).to(dtype);
-        if (want_b) result[1 + count + i] = bias_sums.narrow(0, offset, n).to(dtype);
       } else if (sums_in_gemm && want_w && want_b) {
         MmRowSums r = tuned_mm_row_sums(gi.t(), x2);
         result[1 + i] = r.out.to(dtype);
@@ -751,8 +752,6 @@ struct MergedLinearFn : public torch::autograd::Function<MergedLinearFn> {
       } else {
         if (want_w) result[1 + i] = tuned_mm(gi.t(), x2).to(dtype);
         if (want_b && sums_in_gemm) result[1 + count + i] = gi.sum(0).to(dtype);
-        // Disjoint views of one sum (as the members' weight gradients of a cat's backward would be).
-        if (want_b && !sums_in_gemm) result[1 + count + i] = bias_sums.narrow(0, offset, n).to(dtype);
       }
       offset += n;
     }
@@ -1096,10 +1095,7 @@ at::Tensor bias_grad(const at::Tensor& g_in, at::ScalarType dtype) {
   const int64_t n = g_in.size(-1);
   const at::Tensor g = g_in.reshape({-1, n});
 #ifdef VLATUNE_HAVE_CUDA
-  static const bool enabled = [] {
-    const char* env = std::getenv("VLATUNE_BIAS_GRAD_KERNEL");
-    return env == nullptr || std::strcmp(env, "0") != 0;
-  }();
+  static const bool enabled = env_switch("VLATUNE_BIAS_GRAD_KERNEL", true);
   const bool typed = g.scalar_type() == at::kBFloat16 || g.scalar_type() == at::kFloat;
   if (enabled && g.is_cuda() && typed && g.size(0) > 0 && g.is_contiguous() && aligned16(g) &&
       bias_grad_supported(act_dtype(g), n)) {

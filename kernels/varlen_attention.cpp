@@ -5,13 +5,14 @@
 #include <torch/torch.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <iostream>
 #include <mutex>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "kernels/env_switch.h"
 
 #ifdef VLATUNE_HAVE_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -330,8 +331,7 @@ VarlenLayout suffix_queries_layout(const VarlenLayout& with_prefix_queries, cons
 
 bool varlen_attention_supported(const at::Tensor& x, int64_t head_dim) {
 #ifdef VLATUNE_HAVE_CUDA
-  if (const char* env = std::getenv("VLATUNE_VARLEN_ATTENTION"); env != nullptr && std::strcmp(env, "0") == 0)
-    return false;
+  if (!env_switch("VLATUNE_VARLEN_ATTENTION", true)) return false;
   if (!x.defined() || !x.is_cuda() || (x.scalar_type() != at::kBFloat16 && x.scalar_type() != at::kHalf)) return false;
   if (head_dim <= 0 || head_dim % 8 != 0 || head_dim > 256) return false;
   return at::cuda::getDeviceProperties(x.device().index())->major >= 8;

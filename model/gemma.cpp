@@ -1,8 +1,6 @@
 #include "model/gemma.h"
 
-#include <cstdlib>
-#include <cstring>
-
+#include "kernels/env_switch.h"
 #include "model/float8_linear.h"
 #include "model/recompute.h"
 #include "profiler/scope.h"
@@ -182,10 +180,7 @@ std::vector<const LinearImpl*> GemmaModelImpl::modulation_linears() const {
 }
 
 std::vector<torch::Tensor> GemmaModelImpl::merged_modulations(const torch::Tensor& cond) {
-  static const bool enabled = [] {
-    const char* env = std::getenv("VLATUNE_MERGED_MODULATION");
-    return env == nullptr || std::strcmp(env, "0") != 0;
-  }();
+  static const bool enabled = kernels::env_switch("VLATUNE_MERGED_MODULATION", true);
   const std::vector<const LinearImpl*> linears = modulation_linears();
   if (!enabled || linears.empty()) return {};
   std::vector<torch::Tensor> weights, biases;

@@ -406,6 +406,8 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
     if (recompute_.joint_layer[i]) {
       const Attention mode = options.attention;
       const bool fused = joint.fused;
+      std::vector<torch::Tensor> inputs{hp, hs, joint.cond, joint.cos, joint.sin, joint.mask};
+      if (!modulations.empty()) inputs.insert(inputs.end(), {joint.input_modulation, joint.post_modulation});
       result = recompute(
           [lp, le, mode, fused, layer_options, varlen_joint = joint.varlen_joint,
            varlen_suffix = joint.varlen_suffix](const std::vector<torch::Tensor>& in) {
@@ -424,10 +426,7 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
             }
             return joint_layer(*lp, *le, in[0], in[1], j, layer_options);
           },
-          modulations.empty() ? std::vector<torch::Tensor>{hp, hs, joint.cond, joint.cos, joint.sin, joint.mask}
-                              : std::vector<torch::Tensor>{hp, hs, joint.cond, joint.cos, joint.sin, joint.mask,
-                                                           joint.input_modulation, joint.post_modulation},
-          concat(lp->parameters(), le->parameters()));
+          inputs, concat(lp->parameters(), le->parameters()));
     } else {
       layer_options.recompute_attention = recompute_.joint_attention[i];
       layer_options.recompute_prefix_mlp = recompute_.prefix_mlp[i];

@@ -81,6 +81,16 @@ StepResult AdamW::step(double lr, double max_grad_norm) {
   return finish_update(lr, max_grad_norm, queue_update(lr, max_grad_norm, /*device_schedule=*/false));
 }
 
+kernels::AdamwParams AdamW::next_update(double lr) const {
+  kernels::AdamwParams hp;
+  hp.lr = lr;
+  hp.beta1 = options_.betas.first;
+  hp.beta2 = options_.betas.second;
+  hp.eps = options_.eps;
+  hp.step = step_ + 1;
+  return hp;
+}
+
 torch::Tensor AdamW::queue_update(double lr, double max_grad_norm, bool device_schedule) {
   if (params_.empty()) return torch::Tensor();
   torch::NoGradGuard no_grad;
@@ -102,12 +112,7 @@ torch::Tensor AdamW::queue_update(double lr, double max_grad_norm, bool device_s
   torch::Tensor coef = max_grad_norm > 0 ? (max_grad_norm / (norm + 1e-6)).clamp_max(1.0) : torch::ones_like(norm);
   coef = torch::where(torch::isfinite(norm), coef, std::numeric_limits<double>::quiet_NaN());
 
-  kernels::AdamwParams hp;
-  hp.lr = lr;
-  hp.beta1 = options_.betas.first;
-  hp.beta2 = options_.betas.second;
-  hp.eps = options_.eps;
-  hp.step = step_ + 1;
+  kernels::AdamwParams hp = next_update(lr);
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     Group& group = groups_[gi];
     std::vector<torch::Tensor> group_grads;
@@ -131,11 +136,7 @@ void AdamW::write_device_schedule(double lr) {
     schedule_device_ = torch::empty({groups, 3}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
     schedule_host_ = torch::empty({groups, 3}, torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(true));
   }
-  kernels::AdamwParams hp;
-  hp.lr = lr;
-  hp.beta1 = options_.betas.first;
-  hp.beta2 = options_.betas.second;
-  hp.step = step_ + 1;
+  kernels::AdamwParams hp = next_update(lr);
   float* host = schedule_host_.data_ptr<float>();
   for (int64_t gi = 0; gi < groups; ++gi) {
     hp.weight_decay = groups_[static_cast<size_t>(gi)].weight_decay;

@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/adamw.h"
+
 namespace vlatune::trainer {
 
 // Recipe `model_options.precision`.
@@ -103,6 +105,8 @@ class AdamW {
   bool decays(size_t i) const { return decay_[i]; }
 
  private:
+  // The hyperparameters of the next update (step_count() + 1) at `lr`; weight decay is per group.
+  kernels::AdamwParams next_update(double lr) const;
   // Parameters updated by one adamw_step call: same weight decay, same dtype, same storage.
   struct Group {
     double weight_decay = 0.0;
