@@ -17,7 +17,8 @@ namespace vlatune::kernels {
 
 using fused_detail::from_float;
 using fused_detail::gelu_tanh;
-using fused_detail::gelu_tanh_grad;
+using fused_detail::gelu_tanh_pair;
+using fused_detail::GeluTanhPair;
 using fused_detail::kVec;
 using fused_detail::load_pack;
 using fused_detail::NvtxRange;
@@ -213,8 +214,9 @@ __global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluB
     for (int k = 0; k < V; ++k) {
       // The geglu backward kernel's values (fused.h), rounded to T where it stores them.
       const float x = to_float(g.v[k]), up = to_float(u.v[k]), d = to_float(dy.v[k]);
-      const float gelu = round_to<T>(gelu_tanh(x));
-      const float dg = round_to<T>(gelu_tanh_grad(round_to<T>(d * up), x));
+      const GeluTanhPair pair = gelu_tanh_pair(x);
+      const float gelu = round_to<T>(pair.value);
+      const float dg = round_to<T>(round_to<T>(d * up) * pair.slope);
       const float du = round_to<T>(d * gelu);
       const float act = round_to<T>(gelu * up);
       m = fmaxf(m, fmaxf(fabsf(dg), fabsf(du)));

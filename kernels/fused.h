@@ -77,7 +77,7 @@ struct LayerNormFwdParams {
 
 // grad_x = grad_h + d(y)/d(h)^T grad_y (the gradient of x and of delta alike). weight_partials[block][0][:] =
 // per-block sums of grad_y * (h - mean) * rstd (weight), [block][1][:] = of grad_y (bias); the caller sums the
-// layer_norm_bwd_blocks(rows) blocks.
+// layer_norm_bwd_blocks(dtype, rows, width) blocks.
 struct LayerNormBwdParams {
   ActDtype dtype = ActDtype::kBf16;
   int64_t rows = 0, width = 0;
@@ -89,11 +89,11 @@ struct LayerNormBwdParams {
   const float* mean = nullptr;
   const float* rstd = nullptr;
   void* grad_x = nullptr;
-  float* weight_partials = nullptr;  // [layer_norm_bwd_blocks(rows), 2, width]
+  float* weight_partials = nullptr;  // [layer_norm_bwd_blocks(dtype, rows, width), 2, width]
 };
 
 bool layer_norm_supported(ActDtype dtype, int64_t width);
-int64_t layer_norm_bwd_blocks(int64_t rows);
+int64_t layer_norm_bwd_blocks(ActDtype dtype, int64_t rows, int64_t width);
 void launch_layer_norm_fwd(const LayerNormFwdParams& p, CUstream_st* stream);
 void launch_layer_norm_bwd(const LayerNormBwdParams& p, CUstream_st* stream);
 

@@ -288,7 +288,8 @@ struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
       const c10::cuda::CUDAGuard guard(h.device());
       const at::Tensor w32 = ctx->saved_data["w32"].toTensor();
       grad_x = at::empty_like(h);
-      at::Tensor partials = at::empty({layer_norm_bwd_blocks(rows), 2, width}, h.options().dtype(at::kFloat));
+      at::Tensor partials =
+          at::empty({layer_norm_bwd_blocks(act_dtype(h), rows, width), 2, width}, h.options().dtype(at::kFloat));
       LayerNormBwdParams p;
       fill_norm_bwd(p, {grad_h, grad_y, width, rows}, h, weight, w32, rstd, grad_x, partials);
       p.mean = mean.const_data_ptr<float>();

@@ -59,14 +59,21 @@ __device__ __forceinline__ float gelu_tanh(float x) {
   return 0.5f * x * (1.f + tanhf(inner));
 }
 
-__device__ __forceinline__ float gelu_tanh_grad(float dy, float x) {
+// gelu_tanh(x) and its derivative from one tanh: a backward that also rebuilds the activation computes one tanhf
+// per element, not two. `value` is gelu_tanh(x) bit for bit; the inner sum is x + kappa * (x^2 * x) in both, as
+// ATen's forward and backward compute it.
+struct GeluTanhPair {
+  float value, slope;
+};
+
+__device__ __forceinline__ GeluTanhPair gelu_tanh_pair(float x) {
   const float x_sq = x * x;
-  const float inner = kGeluBeta * (x + kGeluKappa * x_sq * x);
+  const float inner = kGeluBeta * (x + kGeluKappa * (x_sq * x));
   const float t = tanhf(inner);
   const float left = 0.5f * x, right = 1.f + t;
   const float left_derivative = 0.5f * right;
   const float right_derivative = left * (1.f - t * t) * kGeluBeta * (1.f + 3.f * kGeluKappa * x_sq);
-  return dy * (left_derivative + right_derivative);
+  return {left * right, left_derivative + right_derivative};
 }
 
 // Sum over the block, returned to every thread. Fixed order: deterministic. blockDim.x a multiple of 32, <= 1024.

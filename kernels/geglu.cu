@@ -17,7 +17,8 @@ namespace vlatune::kernels {
 
 using fused_detail::from_float;
 using fused_detail::gelu_tanh;
-using fused_detail::gelu_tanh_grad;
+using fused_detail::gelu_tanh_pair;
+using fused_detail::GeluTanhPair;
 using fused_detail::kVec;
 using fused_detail::load_pack;
 using fused_detail::NvtxRange;
@@ -74,8 +75,9 @@ __global__ void __launch_bounds__(kThreads) geglu_bwd_kernel(const GegluParams p
       const float x = to_float(g.v[k]), up = to_float(u.v[k]), d = to_float(dy.v[k]);
       // Autograd of gelu(gate) * up: d_gelu = round(d * up), d_gate = gelu_backward(d_gelu, gate),
       // d_up = round(d * round(gelu(gate))).
-      const float gelu = round_to<T>(gelu_tanh(x));
-      dg.v[k] = from_float<T>(gelu_tanh_grad(round_to<T>(d * up), x));
+      const GeluTanhPair pair = gelu_tanh_pair(x);
+      const float gelu = round_to<T>(pair.value);
+      dg.v[k] = from_float<T>(round_to<T>(d * up) * pair.slope);
       du.v[k] = from_float<T>(d * gelu);
       act.v[k] = from_float<T>(gelu * up);  // the forward's output, rounded as there
     }
@@ -161,8 +163,9 @@ __global__ void __launch_bounds__(kThreads) gelu_bwd_kernel(const GeluParams p) 
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const float v = to_float(xp.v[k]);
-      dx.v[k] = from_float<T>(gelu_tanh_grad(to_float(dy.v[k]), v));
-      act.v[k] = from_float<T>(gelu_tanh(v));
+      const GeluTanhPair pair = gelu_tanh_pair(v);
+      dx.v[k] = from_float<T>(to_float(dy.v[k]) * pair.slope);
+      act.v[k] = from_float<T>(pair.value);
     }
     store_pack(static_cast<T*>(p.out), idx, dx);
     if (p.act_out != nullptr) store_pack(static_cast<T*>(p.act_out), idx, act);  // may alias grad_out

@@ -138,8 +138,14 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_fwd_kernel(const RmsNorm
   }
 }
 
+// The next row's inputs (grad_h included) are loaded before this row's reduction, as in the LayerNorm backward: with
+// grad_h loaded after the barrier, each row waited for two loads in sequence, 114 us per call at the backbone's
+// shape in the step (3.3 TB/s; profile of 2026-12-01). The row's values are recomputed from its packs in the second
+// pass, not kept as floats. One vector per thread (the backbone's 2048 bf16): registers capped so that the grid's
+// 4 blocks of 256 threads per SM are all resident (64, with a few bytes spilled; 79 uncapped).
 template <typename T, int ITERS>
-__global__ void __launch_bounds__(kMaxThreads) rms_norm_bwd_kernel(const RmsNormBwdParams p) {
+__global__ void __launch_bounds__(kMaxThreads, ITERS == 1 ? kBwdBlocksPerSm : 1)
+    rms_norm_bwd_kernel(const RmsNormBwdParams p) {
   constexpr int V = kVec<T>;
   const int nvec = static_cast<int>(p.width / V);
   const float inv_width = 1.f / static_cast<float>(p.width);
@@ -153,40 +159,55 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_bwd_kernel(const RmsNorm
       wacc[it][k] = 0.f;
     }
   }
-  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    const float rstd = p.rstd[row];
+  Pack<T, V> next_h[ITERS], next_g[ITERS], next_gh[ITERS];
+  float next_rstd = 0.f;
+  auto load_row = [&](int64_t row) {
     const int64_t base = row * p.width;
-    float n[ITERS][V], g[ITERS][V];
+    next_rstd = p.rstd[row];
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int j = it * blockDim.x + threadIdx.x;
+      if (j >= nvec) continue;
+      next_h[it] = load_pack(static_cast<const T*>(p.h) + base, j);
+      next_g[it] = load_pack(static_cast<const T*>(p.grad_y) + base, j);
+      if (p.grad_h != nullptr) next_gh[it] = load_pack(static_cast<const T*>(p.grad_h) + base, j);
+    }
+  };
+  if (blockIdx.x < p.rows) load_row(blockIdx.x);
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const float rstd = next_rstd;
+    const int64_t base = row * p.width;
+    Pack<T, V> hp[ITERS], gp[ITERS], ghp[ITERS];
     float dot = 0.f;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
       const int j = it * blockDim.x + threadIdx.x;
       if (j >= nvec) continue;
-      const Pack<T, V> hp = load_pack(static_cast<const T*>(p.h) + base, j);
-      const Pack<T, V> gp = load_pack(static_cast<const T*>(p.grad_y) + base, j);
+      hp[it] = next_h[it];
+      gp[it] = next_g[it];
+      ghp[it] = next_gh[it];
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        n[it][k] = to_float(hp.v[k]) * rstd;
-        const float gy = to_float(gp.v[k]);
-        g[it][k] = gy * w1[it][k];
-        wacc[it][k] += gy * n[it][k];
-        dot += g[it][k] * n[it][k];
+        const float n = to_float(hp[it].v[k]) * rstd;
+        const float gy = to_float(gp[it].v[k]);
+        wacc[it][k] += gy * n;
+        dot += (gy * w1[it][k]) * n;
       }
     }
+    if (row + gridDim.x < p.rows) load_row(row + gridDim.x);
     dot = block_sum_all(dot) * inv_width;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
       const int j = it * blockDim.x + threadIdx.x;
       if (j >= nvec) continue;
-      float extra[V] = {};
-      if (p.grad_h != nullptr) {
-        const Pack<T, V> ghp = load_pack(static_cast<const T*>(p.grad_h) + base, j);
-#pragma unroll
-        for (int k = 0; k < V; ++k) extra[k] = to_float(ghp.v[k]);
-      }
       Pack<T, V> out;
 #pragma unroll
-      for (int k = 0; k < V; ++k) out.v[k] = from_float<T>(rstd * (g[it][k] - n[it][k] * dot) + extra[k]);
+      for (int k = 0; k < V; ++k) {
+        const float n = to_float(hp[it].v[k]) * rstd;
+        const float g = to_float(gp[it].v[k]) * w1[it][k];
+        const float extra = p.grad_h != nullptr ? to_float(ghp[it].v[k]) : 0.f;
+        out.v[k] = from_float<T>(rstd * (g - n * dot) + extra);
+      }
       store_pack(static_cast<T*>(p.grad_x) + base, j, out);
     }
   }
@@ -521,6 +542,108 @@ __global__ void __launch_bounds__(kMaxThreads) layer_norm_bwd_kernel(const Layer
   }
 }
 
+// One warp per row (rows of at most 32 * kBwdWarpMaxIters vectors: SigLIP's 1152 bf16 = 144 vectors, 4.5 per lane),
+// kWarpRows rows per block in flight, no barrier per row. The block-per-row kernel above ran SigLIP's shape at 121 us
+// per call in the step (1.25 TB/s; profile of 2026-12-01): two block reductions per 2.3 KB row, one row per block at
+// a time. Each lane keeps its columns' weight/bias sums in registers (2 x 40 floats at SigLIP's width), so the
+// second pass reads the row again (L1/L2 hits) instead of holding it across the reduction: that kept three blocks
+// per SM resident without spills. At the end the block's warps add their sums in shared memory in warp order
+// (deterministic) and write one [2, width] partial per block, as the block kernel does.
+constexpr int kBwdWarpMaxIters = 5;
+constexpr int kBwdWarpMinBlocks = 3;
+
+template <typename T, int ITERS>
+__global__ void __launch_bounds__(kWarpRows * 32, kBwdWarpMinBlocks)
+    layer_norm_bwd_warp_kernel(const LayerNormBwdParams p) {
+  constexpr int V = kVec<T>;
+  extern __shared__ float warp_sums[];  // [kWarpRows][2][width]
+  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
+  const int nvec = static_cast<int>(p.width / V);
+  const float inv_width = 1.f / static_cast<float>(p.width);
+  const T* h_all = static_cast<const T*>(p.h);
+  const T* gy_all = static_cast<const T*>(p.grad_y);
+  float acc_w[ITERS][V], acc_b[ITERS][V];
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) acc_w[it][k] = acc_b[it][k] = 0.f;
+  }
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpRows;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpRows + warp; row < p.rows; row += warps) {
+    const float mean = p.mean[row], rstd = p.rstd[row];
+    const int64_t base = row * p.width;
+    float sum_g = 0.f, dot = 0.f;
+    {
+      Pack<T, V> hp[ITERS], gp[ITERS];
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it) {
+        const int j = it * 32 + lane;
+        if (j >= nvec) continue;
+        hp[it] = load_pack(h_all + base, j);
+        gp[it] = load_pack(gy_all + base, j);
+      }
+#pragma unroll
+      for (int it = 0; it < ITERS; ++it) {
+        const int j = it * 32 + lane;
+        if (j >= nvec) continue;
+        float w[V];
+        load_param_vec<T, V>(p.weight, p.weight_t, j, w);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          const float n = (to_float(hp[it].v[k]) - mean) * rstd;
+          const float gy = to_float(gp[it].v[k]);
+          const float g = gy * w[k];
+          acc_w[it][k] += gy * n;
+          acc_b[it][k] += gy;
+          sum_g += g;
+          dot += g * n;
+        }
+      }
+    }
+    sum_g = warp_sum_all(sum_g) * inv_width;
+    dot = warp_sum_all(dot) * inv_width;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int j = it * 32 + lane;
+      if (j >= nvec) continue;
+      const Pack<T, V> hp = load_pack(h_all + base, j);
+      const Pack<T, V> gp = load_pack(gy_all + base, j);
+      Pack<T, V> ghp;
+      if (p.grad_h != nullptr) ghp = load_pack(static_cast<const T*>(p.grad_h) + base, j);
+      float w[V];
+      load_param_vec<T, V>(p.weight, p.weight_t, j, w);
+      Pack<T, V> out;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float n = (to_float(hp.v[k]) - mean) * rstd;
+        const float g = to_float(gp.v[k]) * w[k];
+        const float extra = p.grad_h != nullptr ? to_float(ghp.v[k]) : 0.f;
+        out.v[k] = from_float<T>(rstd * (g - sum_g - n * dot) + extra);
+      }
+      store_pack(static_cast<T*>(p.grad_x) + base, j, out);
+    }
+  }
+  float* mine = warp_sums + static_cast<int64_t>(warp) * 2 * p.width;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int j = it * 32 + lane;
+    if (j >= nvec) continue;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      mine[j * V + k] = acc_w[it][k];
+      mine[p.width + j * V + k] = acc_b[it][k];
+    }
+  }
+  __syncthreads();
+  float* partial = p.weight_partials + static_cast<int64_t>(blockIdx.x) * 2 * p.width;
+  for (int64_t c = threadIdx.x; c < 2 * p.width; c += blockDim.x) {
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarpRows; ++w) sum += warp_sums[w * 2 * p.width + c];
+    partial[c] = sum;
+  }
+}
+
 // ------------------------------------------------------------------------------------------------ launchers
 
 template <typename T, typename Params, typename Launch>
@@ -575,8 +698,63 @@ bool layer_norm_supported(ActDtype dtype, int64_t width) {
   return width_ok(dtype, width);
 }
 
-int64_t layer_norm_bwd_blocks(int64_t rows) {
-  return rms_norm_bwd_blocks(rows);
+namespace {
+
+// The warp backward's vectors per lane for this width (2, 4 or 5), or 0 when the block kernel runs it.
+int layer_norm_bwd_warp_iters(ActDtype dtype, int64_t width) {
+  if (!width_ok(dtype, width)) return 0;
+  const int vec = dtype == ActDtype::kBf16 ? kVec<__nv_bfloat16> : kVec<float>;
+  const int64_t lane_iters = (width / vec + 31) / 32;
+  if (lane_iters <= 2) return 2;
+  if (lane_iters <= 4) return 4;
+  return lane_iters <= kBwdWarpMaxIters ? kBwdWarpMaxIters : 0;
+}
+
+size_t layer_norm_bwd_warp_smem(int64_t width) {
+  return static_cast<size_t>(kWarpRows) * 2 * static_cast<size_t>(width) * sizeof(float);
+}
+
+// Calls f(kernel, zero, iters) with the warp kernel's instantiation for (dtype, iters).
+template <typename F>
+void with_layer_norm_bwd_warp_kernel(ActDtype dtype, int iters, F&& f) {
+  auto typed = [&](auto zero) {
+    using T = decltype(zero);
+    switch (iters) {
+      case 2:
+        f(layer_norm_bwd_warp_kernel<T, 2>, zero, std::integral_constant<int, 2>{});
+        break;
+      case 4:
+        f(layer_norm_bwd_warp_kernel<T, 4>, zero, std::integral_constant<int, 4>{});
+        break;
+      default:
+        f(layer_norm_bwd_warp_kernel<T, kBwdWarpMaxIters>, zero, std::integral_constant<int, kBwdWarpMaxIters>{});
+        break;
+    }
+  };
+  if (dtype == ActDtype::kBf16) {
+    typed(__nv_bfloat16{});
+  } else {
+    typed(0.0f);
+  }
+}
+
+// Blocks of the warp backward that are resident at once (per process and instantiation): the grid must not exceed
+// them, or the last blocks' rows would run after everyone else's.
+int64_t layer_norm_bwd_warp_grid(ActDtype dtype, int iters, int64_t width, int64_t rows) {
+  int per_sm = 0;
+  with_layer_norm_bwd_warp_kernel(dtype, iters, [&](auto kernel, auto, auto) {
+    VLATUNE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarpRows * 32,
+                                                                     layer_norm_bwd_warp_smem(width)));
+  });
+  const int64_t resident = static_cast<int64_t>(std::max(per_sm, 1)) * fused_detail::sm_count();
+  return std::max<int64_t>(1, std::min<int64_t>((rows + kWarpRows - 1) / kWarpRows, resident));
+}
+
+}  // namespace
+
+int64_t layer_norm_bwd_blocks(ActDtype dtype, int64_t rows, int64_t width) {
+  const int iters = layer_norm_bwd_warp_iters(dtype, width);
+  return iters > 0 ? layer_norm_bwd_warp_grid(dtype, iters, width, rows) : rms_norm_bwd_blocks(rows);
 }
 
 void launch_layer_norm_fwd(const LayerNormFwdParams& p, CUstream_st* stream) {
@@ -608,7 +786,15 @@ void launch_layer_norm_fwd(const LayerNormFwdParams& p, CUstream_st* stream) {
 }
 
 void launch_layer_norm_bwd(const LayerNormBwdParams& p, CUstream_st* stream) {
-  const auto blocks = static_cast<unsigned>(layer_norm_bwd_blocks(p.rows));
+  const auto blocks = static_cast<unsigned>(layer_norm_bwd_blocks(p.dtype, p.rows, p.width));
+  if (const int iters = layer_norm_bwd_warp_iters(p.dtype, p.width); iters > 0) {
+    const size_t smem = layer_norm_bwd_warp_smem(p.width);
+    norm_frame("launch_layer_norm_bwd", "vlatune::layer_norm_bwd", p, p.rows, [&](auto) {
+      with_layer_norm_bwd_warp_kernel(
+          p.dtype, iters, [&](auto kernel, auto, auto) { kernel<<<blocks, kWarpRows * 32, smem, stream>>>(p); });
+    });
+    return;
+  }
   launch_norm("launch_layer_norm_bwd", "vlatune::layer_norm_bwd", p, p.rows, [&](auto zero, auto iters, int threads) {
     layer_norm_bwd_kernel<decltype(zero), decltype(iters)::value><<<blocks, threads, 0, stream>>>(p);
   });

@@ -516,12 +516,15 @@ TEST_CASE("The CUDA LayerNorm kernels match the fp64 reference", "[.gpu][fused]"
   REQUIRE(torch::cuda::is_available());
   const auto dtype = GENERATE(torch::kBFloat16, torch::kFloat32);
   // bf16 widths up to 2048 run the warp-per-row forward (32: one vector on a few lanes; 1152: SigLIP's, 4.5
-  // vectors per lane); 4096 bf16 and the fp32 ones past 1024 the block-per-row forward. 777 rows: a partial block.
-  const auto width = GENERATE(32, 1152, 2048, 4096);
+  // vectors per lane); 4096 bf16 and the fp32 ones past 1024 the block-per-row forward. The backward runs one warp
+  // per row up to 5 vectors per lane (bf16 32, 1000: 4 per lane, some lanes short, 1152; fp32 32), else the block
+  // kernel. 777 rows: a partial block; SigLIP's width with 6007 rows: more rows than resident warps, so each warp
+  // takes several rows.
+  const auto width = GENERATE(32, 1000, 1152, 2048, 4096);
   const bool residual = GENERATE(true, false);
   INFO("dtype " << c10::toString(dtype) << " width " << width << " residual " << residual);
   torch::manual_seed(600 + width);
-  const int64_t rows = 777;
+  const int64_t rows = width == 1152 ? 6007 : 777;
   auto fused = [](const std::vector<torch::Tensor>& x) {
     auto o = k::layer_norm_residual(x[0], x[1], x[2], x[3], 1e-6);
     return std::vector<torch::Tensor>{o.h, o.y};
