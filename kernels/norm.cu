@@ -138,14 +138,11 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_fwd_kernel(const RmsNorm
   }
 }
 
-// The next row's inputs (grad_h included) are loaded before this row's reduction, as in the LayerNorm backward: with
-// grad_h loaded after the barrier, each row waited for two loads in sequence, 114 us per call at the backbone's
-// shape in the step (3.3 TB/s; profile of 2026-12-01). The row's values are recomputed from its packs in the second
-// pass, not kept as floats. One vector per thread (the backbone's 2048 bf16): registers capped so that the grid's
-// 4 blocks of 256 threads per SM are all resident (64, with a few bytes spilled; 79 uncapped).
+// No next-row prefetch here: loading the next row (grad_h included) before the reduction, as the LayerNorm
+// backward does, capped registers at 64 for 4 blocks per SM and ran 122 us per call at the backbone's shape in the
+// step against 114 (bench/RESULTS.md, seventh session).
 template <typename T, int ITERS>
-__global__ void __launch_bounds__(kMaxThreads, ITERS == 1 ? kBwdBlocksPerSm : 1)
-    rms_norm_bwd_kernel(const RmsNormBwdParams p) {
+__global__ void __launch_bounds__(kMaxThreads) rms_norm_bwd_kernel(const RmsNormBwdParams p) {
   constexpr int V = kVec<T>;
   const int nvec = static_cast<int>(p.width / V);
   const float inv_width = 1.f / static_cast<float>(p.width);
@@ -159,55 +156,40 @@ __global__ void __launch_bounds__(kMaxThreads, ITERS == 1 ? kBwdBlocksPerSm : 1)
       wacc[it][k] = 0.f;
     }
   }
-  Pack<T, V> next_h[ITERS], next_g[ITERS], next_gh[ITERS];
-  float next_rstd = 0.f;
-  auto load_row = [&](int64_t row) {
-    const int64_t base = row * p.width;
-    next_rstd = p.rstd[row];
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-      const int j = it * blockDim.x + threadIdx.x;
-      if (j >= nvec) continue;
-      next_h[it] = load_pack(static_cast<const T*>(p.h) + base, j);
-      next_g[it] = load_pack(static_cast<const T*>(p.grad_y) + base, j);
-      if (p.grad_h != nullptr) next_gh[it] = load_pack(static_cast<const T*>(p.grad_h) + base, j);
-    }
-  };
-  if (blockIdx.x < p.rows) load_row(blockIdx.x);
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    const float rstd = next_rstd;
+    const float rstd = p.rstd[row];
     const int64_t base = row * p.width;
-    Pack<T, V> hp[ITERS], gp[ITERS], ghp[ITERS];
+    float n[ITERS][V], g[ITERS][V];
     float dot = 0.f;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
       const int j = it * blockDim.x + threadIdx.x;
       if (j >= nvec) continue;
-      hp[it] = next_h[it];
-      gp[it] = next_g[it];
-      ghp[it] = next_gh[it];
+      const Pack<T, V> hp = load_pack(static_cast<const T*>(p.h) + base, j);
+      const Pack<T, V> gp = load_pack(static_cast<const T*>(p.grad_y) + base, j);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        const float n = to_float(hp[it].v[k]) * rstd;
-        const float gy = to_float(gp[it].v[k]);
-        wacc[it][k] += gy * n;
-        dot += (gy * w1[it][k]) * n;
+        n[it][k] = to_float(hp.v[k]) * rstd;
+        const float gy = to_float(gp.v[k]);
+        g[it][k] = gy * w1[it][k];
+        wacc[it][k] += gy * n[it][k];
+        dot += g[it][k] * n[it][k];
       }
     }
-    if (row + gridDim.x < p.rows) load_row(row + gridDim.x);
     dot = block_sum_all(dot) * inv_width;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
       const int j = it * blockDim.x + threadIdx.x;
       if (j >= nvec) continue;
+      float extra[V] = {};
+      if (p.grad_h != nullptr) {
+        const Pack<T, V> ghp = load_pack(static_cast<const T*>(p.grad_h) + base, j);
+#pragma unroll
+        for (int k = 0; k < V; ++k) extra[k] = to_float(ghp.v[k]);
+      }
       Pack<T, V> out;
 #pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const float n = to_float(hp[it].v[k]) * rstd;
-        const float g = to_float(gp[it].v[k]) * w1[it][k];
-        const float extra = p.grad_h != nullptr ? to_float(ghp[it].v[k]) : 0.f;
-        out.v[k] = from_float<T>(rstd * (g - n * dot) + extra);
-      }
+      for (int k = 0; k < V; ++k) out.v[k] = from_float<T>(rstd * (g[it][k] - n[it][k] * dot) + extra[k]);
       store_pack(static_cast<T*>(p.grad_x) + base, j, out);
     }
   }
