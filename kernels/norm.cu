@@ -528,9 +528,10 @@ __global__ void __launch_bounds__(kMaxThreads) layer_norm_bwd_kernel(const Layer
 // kWarpRows rows per block in flight, no barrier per row. The block-per-row kernel above ran SigLIP's shape at 121 us
 // per call in the step (1.25 TB/s; profile of 2026-12-01): two block reductions per 2.3 KB row, one row per block at
 // a time. Each lane keeps its columns' weight/bias sums in registers (2 x 40 floats at SigLIP's width), so the
-// second pass reads the row again (L1/L2 hits) instead of holding it across the reduction: that kept three blocks
-// per SM resident without spills. At the end the block's warps add their sums in shared memory in warp order
-// (deterministic) and write one [2, width] partial per block, as the block kernel does.
+// second pass reads the row again (L1/L2 hits) instead of holding it across the reduction: three blocks per SM
+// stay resident (168 registers, 116 bytes per thread spilled at SigLIP's width; 255 registers without the cap). At the
+// end the block's warps add their sums in shared memory in warp order (deterministic) and write one [2, width] partial
+// per block, as the block kernel does.
 constexpr int kBwdWarpMaxIters = 5;
 constexpr int kBwdWarpMinBlocks = 3;
 
@@ -696,21 +697,17 @@ size_t layer_norm_bwd_warp_smem(int64_t width) {
   return static_cast<size_t>(kWarpRows) * 2 * static_cast<size_t>(width) * sizeof(float);
 }
 
-// Calls f(kernel, zero, iters) with the warp kernel's instantiation for (dtype, iters).
+// Calls f(kernel) with the warp kernel's instantiation for (dtype, iters).
 template <typename F>
 void with_layer_norm_bwd_warp_kernel(ActDtype dtype, int iters, F&& f) {
   auto typed = [&](auto zero) {
     using T = decltype(zero);
-    switch (iters) {
-      case 2:
-        f(layer_norm_bwd_warp_kernel<T, 2>, zero, std::integral_constant<int, 2>{});
-        break;
-      case 4:
-        f(layer_norm_bwd_warp_kernel<T, 4>, zero, std::integral_constant<int, 4>{});
-        break;
-      default:
-        f(layer_norm_bwd_warp_kernel<T, kBwdWarpMaxIters>, zero, std::integral_constant<int, kBwdWarpMaxIters>{});
-        break;
+    if (iters == 2) {
+      f(layer_norm_bwd_warp_kernel<T, 2>);
+    } else if (iters == 4) {
+      f(layer_norm_bwd_warp_kernel<T, 4>);
+    } else {
+      f(layer_norm_bwd_warp_kernel<T, kBwdWarpMaxIters>);
     }
   };
   if (dtype == ActDtype::kBf16) {
@@ -724,7 +721,7 @@ void with_layer_norm_bwd_warp_kernel(ActDtype dtype, int iters, F&& f) {
 // them, or the last blocks' rows would run after everyone else's.
 int64_t layer_norm_bwd_warp_grid(ActDtype dtype, int iters, int64_t width, int64_t rows) {
   int per_sm = 0;
-  with_layer_norm_bwd_warp_kernel(dtype, iters, [&](auto kernel, auto, auto) {
+  with_layer_norm_bwd_warp_kernel(dtype, iters, [&](auto kernel) {
     VLATUNE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarpRows * 32,
                                                                      layer_norm_bwd_warp_smem(width)));
   });
@@ -772,8 +769,8 @@ void launch_layer_norm_bwd(const LayerNormBwdParams& p, CUstream_st* stream) {
   if (const int iters = layer_norm_bwd_warp_iters(p.dtype, p.width); iters > 0) {
     const size_t smem = layer_norm_bwd_warp_smem(p.width);
     norm_frame("launch_layer_norm_bwd", "vlatune::layer_norm_bwd", p, p.rows, [&](auto) {
-      with_layer_norm_bwd_warp_kernel(
-          p.dtype, iters, [&](auto kernel, auto, auto) { kernel<<<blocks, kWarpRows * 32, smem, stream>>>(p); });
+      with_layer_norm_bwd_warp_kernel(p.dtype, iters,
+                                      [&](auto kernel) { kernel<<<blocks, kWarpRows * 32, smem, stream>>>(p); });
     });
     return;
   }
