@@ -155,8 +155,8 @@ AttributionResult attribute(const TraceData& trace, int64_t steps, const std::ma
     }
     attributed_ms += ms;
     const ScopeRecord& s = *scope;
-    row(s.fqn).self_ms += ms / per_step;
     const size_t own_row = row_index(s.fqn);
+    rows[own_row].self_ms += ms / per_step;
     auto folded = folded_name.find(own_row);
     if (folded == folded_name.end())
       folded = folded_name.emplace(own_row, formats::fold_indices(rows[own_row].fqn)).first;
@@ -165,7 +165,7 @@ AttributionResult attribute(const TraceData& trace, int64_t steps, const std::ma
     site.ms += ms;
     // Ancestry: the instance's module, then its parents' (distinct modules only).
     chain.clear();
-    chain.push_back(row_index(s.fqn));
+    chain.push_back(own_row);
     for (uint64_t p = s.parent; p != 0;) {
       const ScopeRecord* parent = lookup.by_id(p);
       if (parent == nullptr) break;
