@@ -139,8 +139,9 @@ static int profile(const ProfileOptions& o, std::ostream& caller_log) {
 
   profiler::StepDriver driver;
   driver.run_step = [&](int64_t step) {
-    trainer::run_train_step(parts, step, topt.lr, topt.clip_norm);
+    const trainer::StepOutcome outcome = trainer::run_train_step(parts, step, topt.lr, topt.clip_norm);
     if (cuda) torch::cuda::synchronize();
+    return outcome.wait_ms;  // the data source's wait, as `vlatune train` logs it (~0 for synthetic data)
   };
   driver.forward_only = [&](int64_t step) {
     double wait = 0;

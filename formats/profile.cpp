@@ -144,18 +144,38 @@ RecomputeCandidate parse_candidate(const JsonCursor& c) {
   return r;
 }
 
+std::vector<double> parse_samples(const JsonCursor& c) {
+  std::vector<double> out;
+  const size_t n = c.expect_array();
+  for (size_t i = 0; i < n; ++i) out.push_back(c.element(i).get_number(0.0));
+  return out;
+}
+
+// Optional (profiles before it lack it: unknown, not 0); when present, both keys, one sample per timed step.
+void parse_data_wait(const JsonCursor& c, BatchProfile& b) {
+  if (!c.find("data_wait_ms") && !c.find("data_wait_ms_samples")) return;
+  b.data_wait_ms = c.at("data_wait_ms").get_number(0.0);
+  const JsonCursor samples = c.at("data_wait_ms_samples");
+  b.data_wait_ms_samples = parse_samples(samples);
+  if (b.data_wait_ms_samples.size() != b.step_ms_samples.size()) {
+    samples.fail("expected " + std::to_string(b.step_ms_samples.size()) +
+                 " entries (one per step_ms_samples entry, the same timed steps), got " +
+                 std::to_string(b.data_wait_ms_samples.size()));
+  }
+}
+
 BatchProfile parse_batch(const JsonCursor& c) {
-  c.expect_object(
-      {"batch", "step_ms", "step_ms_samples", "peak_gib", "memory", "modules", "kernels", "attribution", "recompute"});
+  c.expect_object({"batch", "step_ms", "step_ms_samples", "data_wait_ms", "data_wait_ms_samples", "peak_gib", "memory",
+                   "modules", "kernels", "attribution", "recompute"});
   BatchProfile b;
   b.batch = c.at("batch").get_int(1, int64_t{1} << 20);
   const JsonCursor step_ms = c.at("step_ms");
   b.step_ms = step_ms.get_number(0.0);
   if (b.step_ms <= 0) step_ms.fail("expected a step time > 0 ms, got 0");
   const JsonCursor samples = c.at("step_ms_samples");
-  const size_t n = samples.expect_array();
-  if (n == 0) samples.fail("expected at least one timed step");
-  for (size_t i = 0; i < n; ++i) b.step_ms_samples.push_back(samples.element(i).get_number(0.0));
+  b.step_ms_samples = parse_samples(samples);
+  if (b.step_ms_samples.empty()) samples.fail("expected at least one timed step");
+  parse_data_wait(c, b);
   b.peak_gib = c.at("peak_gib").get_optional_number(0.0);
   b.memory = parse_memory(c.at("memory"));
 
@@ -282,6 +302,15 @@ nlohmann::json batch_to_json(const BatchProfile& b) {
           {"recompute", recompute}};
 }
 
+// Absent, not null, when not measured: what profiles written before data_wait_ms hold.
+nlohmann::json with_data_wait(nlohmann::json batch, const BatchProfile& b) {
+  if (b.data_wait_ms) {
+    batch["data_wait_ms"] = *b.data_wait_ms;
+    batch["data_wait_ms_samples"] = b.data_wait_ms_samples;
+  }
+  return batch;
+}
+
 }  // namespace
 
 Profile parse_profile(const nlohmann::json& j, const std::string& file) {
@@ -348,7 +377,7 @@ Profile read_profile(const std::string& path) {
 
 nlohmann::json profile_to_json(const Profile& p) {
   nlohmann::json batches = nlohmann::json::array();
-  for (const auto& b : p.batches) batches.push_back(batch_to_json(b));
+  for (const auto& b : p.batches) batches.push_back(with_data_wait(batch_to_json(b), b));
   nlohmann::json gemms = nlohmann::json::array();
   for (const auto& g : p.gemms) {
     gemms.push_back({{"name", g.name},

@@ -11,11 +11,16 @@
 //
 // Units: times in ms per optimizer step (GPU kernel time when device is "cuda", host time of ATen ops inside
 // scopes when "cpu"), sizes in bytes (integers) or GiB (2^30 bytes, floating). Per-step figures are means over
-// the traced steps; `step_ms` is the median of untraced, timed steps.
+// the traced steps; `step_ms` and `data_wait_ms` are medians of untraced, timed steps.
 //
 // batches[i] (at least one; batches[0] is the requested batch, further ones are smaller, for extrapolation):
 //   batch             micro-batch profiled (>= 1)
 //   step_ms           median step time (ms > 0); step_ms_samples: the timed steps it came from (>= 1 entries)
+//   data_wait_ms      median time a timed step waited for its batch (ms >= 0; included in step_ms: the time
+//                     the data source's next() blocked on the loader); data_wait_ms_samples: one entry per
+//                     step_ms_samples entry, the same steps. Optional, both keys or neither: absent in profiles
+//                     written before it (unknown, not 0). With `data: synthetic` it is ~0 (batches made on the
+//                     device), a real measurement
 //   peak_gib          peak allocated device memory over the step (GiB; on CPU: null)
 //   memory            parameter/gradient/optimizer/activation bytes (activation = kept from the end of forward
 //                     to backward, all modules), peak GiB per phase ("forward", "backward", "optimizer"); null
@@ -135,6 +140,8 @@ struct BatchProfile {
   int64_t batch = 1;
   double step_ms = 0;
   std::vector<double> step_ms_samples;
+  std::optional<double> data_wait_ms;        // nullopt: not measured (older profiles)
+  std::vector<double> data_wait_ms_samples;  // as step_ms_samples, when data_wait_ms is set
   std::optional<double> peak_gib;
   MemoryStats memory;
   std::vector<ModuleCost> modules;
@@ -192,7 +199,8 @@ struct Profile {
 };
 
 // Validates and converts; errors are FormatError(file, json_path, reason). Beyond types: batches non-empty with
-// distinct batch sizes, batches[0] the largest; module FQNs unique per batch; fractions in 0..1; GEMM dims >= 1.
+// distinct batch sizes, batches[0] the largest; module FQNs unique per batch; fractions in 0..1; GEMM dims >= 1;
+// data_wait_ms_samples as many as step_ms_samples.
 Profile parse_profile(const nlohmann::json& j, const std::string& file);
 Profile read_profile(const std::string& path);
 nlohmann::json profile_to_json(const Profile& profile);

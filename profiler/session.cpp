@@ -152,6 +152,7 @@ std::map<std::string, ModuleInfo> module_infos(const model::Pi05Impl& model) {
 
 struct Timed {
   std::vector<double> ms;
+  std::vector<double> data_wait_ms;  // what run_step reported, one per entry of ms
   double peak_gib = 0;
 };
 
@@ -193,7 +194,7 @@ Timed Session::time_steps(int64_t warmup, int64_t n) {
   memory_.reset_peak();
   for (int64_t i = 0; i < n; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    driver_.run_step(next_step_++);
+    t.data_wait_ms.push_back(driver_.run_step(next_step_++));
     t.ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   t.peak_gib = memory_.peak_gib();
@@ -216,6 +217,8 @@ formats::BatchProfile Session::profile_batch(int64_t batch, bool first, TraceDat
   const Timed timed = time_steps(opt_.warmup, opt_.timed_steps);
   b.step_ms_samples = timed.ms;
   b.step_ms = median(timed.ms);
+  b.data_wait_ms_samples = timed.data_wait_ms;
+  b.data_wait_ms = median(timed.data_wait_ms);
   if (memory_.cuda) b.peak_gib = timed.peak_gib;
 
   // Traced steps.
@@ -317,7 +320,8 @@ formats::BatchProfile Session::profile_batch(int64_t batch, bool first, TraceDat
     kept.gemms = trace.gemms;
     *trace_out = std::move(kept);
   }
-  log_ << "profile: batch " << batch << ": step " << std::fixed << std::setprecision(1) << b.step_ms << " ms";
+  log_ << "profile: batch " << batch << ": step " << std::fixed << std::setprecision(1) << b.step_ms
+       << " ms (data wait " << std::setprecision(2) << *b.data_wait_ms << " ms)";
   if (b.peak_gib) log_ << ", peak " << std::setprecision(2) << *b.peak_gib << " GiB";
   log_ << ", attributed " << std::setprecision(2) << 100.0 * b.attribution.attributed_fraction << "% of "
        << std::setprecision(1) << b.attribution.gpu_ms << " ms traced" << std::defaultfloat << std::endl;

@@ -1,7 +1,8 @@
 // The profiling session: drives the caller's training step (a callback, so the profiler never depends on the
 // trainer) under the tracer and the scope recorder, and assembles profile.json:
-//   1. per batch size (requested, then a smaller one): untimed warm-up, timed untraced steps (step_ms, peak),
-//      then traced steps -> per-module and per-kernel tables, attribution coverage, memory by phase;
+//   1. per batch size (requested, then a smaller one): untimed warm-up, timed untraced steps (step_ms, peak, and
+//      data_wait_ms from what run_step reports), then traced steps -> per-module and per-kernel tables,
+//      attribution coverage, memory by phase;
 //   2. at the requested batch: the recompute A/B table (each candidate class added to, or removed from, the
 //      profiled recipe's selection), output bytes of every recomputable unit (forward-only probes with the units
 //      checkpointed), the GEMM inventory timed in bf16 and FP8, and the tracer overhead;
@@ -24,7 +25,9 @@ namespace vlatune::profiler {
 struct StepDriver {
   // One full training step (forward, backward, optimizer) on the data of `step`; returns after the device is
   // synchronized. Must open the pseudo-module scopes "<data>" and "<optimizer>" (the model opens "<loss>").
-  std::function<void(int64_t step)> run_step;
+  // Returns the step's data wait: ms the step blocked waiting for its batch (summed over micro-batches, >= 0; what
+  // metrics.jsonl's data_wait_ms holds), so profile.json can tell an input-bound step from a slow model.
+  std::function<double(int64_t step)> run_step;
   // The forward of `step` with autograd on, result dropped (memory probes).
   std::function<void(int64_t step)> forward_only;
   // Switches the micro-batch (data source, ...).

@@ -175,19 +175,59 @@ svg::Series run_series(const ReportRun& rr, bool throughput) {
   return s;
 }
 
-std::string runs_section(const std::vector<ReportRun>& runs) {
+// The median data wait of a run's steps after warm-up, from metrics.jsonl; run.json does not record the wait, so
+// without metrics it is unknown (nullopt), not 0.
+std::optional<double> median_data_wait(const ReportRun& rr) {
+  std::vector<double> waits;
+  for (const auto& m : rr.metrics)
+    if (m.step >= rr.run.warmup_steps) waits.push_back(m.data_wait_ms);
+  if (waits.empty()) return std::nullopt;
+  return median(waits);
+}
+
+std::string runs_table(const std::vector<ReportRun>& runs) {
   std::vector<std::vector<std::string>> rows;
   for (const auto& rr : runs) {
     const auto& r = rr.run;
     const auto& e = r.environment;
+    const auto wait = median_data_wait(rr);
     rows.push_back({rr.name, std::to_string(r.steps), std::to_string(r.warmup_steps), std::to_string(r.batch),
-                    fixed(median(r.step_ms), 1), opt_number(r.samples_per_s_median, 2), opt_number(r.peak_gib, 2),
-                    std::to_string(r.skipped_steps), e.config, opt_text(e.gpu), e.torch, opt_text(e.vlatune_commit),
-                    e.recipe_hash});
+                    fixed(median(r.step_ms), 1), wait ? fixed(*wait, 2) : "not measured",
+                    opt_number(r.samples_per_s_median, 2), opt_number(r.peak_gib, 2), std::to_string(r.skipped_steps),
+                    e.config, opt_text(e.gpu), e.torch, opt_text(e.vlatune_commit), e.recipe_hash});
   }
-  std::string html = html_table({"run", "steps", "warm-up", "batch", "median step (ms)", "samples/s", "peak GiB",
-                                 "skipped", "config", "gpu", "torch", "commit", "recipe"},
-                                rows, 1);
+  return html_table({"run", "steps", "warm-up", "batch", "median step (ms)", "median data wait (ms)", "samples/s",
+                     "peak GiB", "skipped", "config", "gpu", "torch", "commit", "recipe"},
+                    rows, 1);
+}
+
+// metrics.jsonl's data_wait_ms over steps, one series per run in run order (the throughput chart's colours); a run
+// without metrics.jsonl is a legend entry without a line.
+std::string data_wait_chart(const std::vector<ReportRun>& runs) {
+  svg::LineChart wait;
+  wait.title = "Data-loader wait per step";
+  wait.x_label = "optimizer step";
+  wait.y_label = "data wait (ms)";
+  wait.y_from_zero = true;
+  bool any = false;
+  for (const auto& rr : runs) {
+    svg::Series s;
+    s.name = rr.metrics.empty() ? rr.name + " (not measured)" : rr.name;
+    for (const auto& m : rr.metrics) {
+      s.x.push_back(static_cast<double>(m.step));
+      s.y.push_back(m.data_wait_ms);
+    }
+    any = any || !rr.metrics.empty();
+    wait.series.push_back(std::move(s));
+  }
+  if (!any)
+    return note(
+        "Data wait per step: not measured (run.json does not record it; pass run directories to plot "
+        "metrics.jsonl's data_wait_ms).");
+  return svg::line_chart(wait);
+}
+
+std::string runs_section(const std::vector<ReportRun>& runs) {
   svg::LineChart thr;
   thr.title = "Throughput over steps";
   thr.x_label = "optimizer step";
@@ -203,10 +243,12 @@ std::string runs_section(const std::vector<ReportRun>& runs) {
     loss.series.push_back(run_series(rr, false));
     any_metrics = any_metrics || !rr.metrics.empty();
   }
-  html += svg::line_chart(thr) + svg::line_chart(loss);
+  std::string html = runs_table(runs) + svg::line_chart(thr) + data_wait_chart(runs) + svg::line_chart(loss);
   html +=
       note(any_metrics ? "Curves from metrics.jsonl (every step, warm-up included) where the run directory has one; "
-                         "otherwise from run.json (steps after warm-up)."
+                         "otherwise from run.json (steps after warm-up). Data wait: the time each step waited for "
+                         "its batch (data_wait_ms); when it is a large share of the step, the data loader sets the "
+                         "pace (more loader threads: vlatune train --workers N)."
                        : "Curves from run.json (steps after warm-up); pass run directories to plot every step "
                          "from metrics.jsonl.");
   return html;
@@ -287,7 +329,7 @@ std::string render_report(const ReportInput& in) {
     page.add_section("decisions", "Decisions and reasons", decisions_section(*in.recipe));
     page.add_section("predicted", "Predicted vs measured", predicted_section(*in.recipe, measured));
   }
-  if (!in.runs.empty()) page.add_section("runs", "Runs: throughput and loss", runs_section(in.runs));
+  if (!in.runs.empty()) page.add_section("runs", "Runs: throughput, data wait and loss", runs_section(in.runs));
   return page.render();
 }
 

@@ -1,11 +1,11 @@
 // `vlatune report`: a profile, a recipe and runs rendered as one self-contained HTML page (inline SVG, no
 // scripts, no network), deterministic so it can be a golden file. Renderers take parsed structs and measure
 // nothing. Sections appear when their input is there:
-//   profile: step time by module (stacked by phase), recompute ms/GiB per candidate, FP8 speedup per Linear,
-//            memory by phase
+//   profile: data wait beside step time (input-bound above 5% of the step), step time by module (stacked by
+//            phase), recompute ms/GiB per candidate, FP8 speedup per Linear, memory by phase
 //   recipe:  settings, the candidate recipes the tuner considered (memory vs step time), every decision with its
 //            reason, predicted vs measured (measured = the runs, else the profile)
-//   runs:    summary table, throughput and loss over steps
+//   runs:    summary table (median data wait included), throughput, data-loader wait and loss over steps
 // The candidate convention (what the tuner emits so the trade-off plot finds it) is in reports/README.md.
 #pragma once
 

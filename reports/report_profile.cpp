@@ -42,6 +42,34 @@ std::string class_label(const ClassNode& n) {
   return n.count > 1 ? n.pattern + " \u00d7" + std::to_string(n.count) : n.pattern;
 }
 
+// "0.40 (0.4%)": the median data wait and its share of the step; "not measured" (unknown is not 0).
+std::string data_wait_cell(const formats::BatchProfile& b) {
+  const auto share = data_wait_share(b);
+  return share ? fixed(*b.data_wait_ms, 2) + " (" + fixed(*share * 100, 1) + "%)" : "not measured";
+}
+
+// Above kInputBoundShare: the loader, not the model, sets the step time.
+std::string input_bound_warning(double wait_ms, const std::string& pct) {
+  return "<p><strong>Input-bound:</strong> " +
+         escape_html("steps wait " + fixed(wait_ms, 2) + " ms for their batch (median), " + pct +
+                     " of the step (more than " + fixed(kInputBoundShare * 100, 0) +
+                     "%): the GPU idles while the data loader catches up. Give the loader more threads:") +
+         " <code>vlatune train --workers N</code>.</p>";
+}
+
+// The data wait of the requested batch in words, and the input-bound warning when it calls for one.
+std::string data_wait_note(const formats::BatchProfile& b, const std::string& data) {
+  const auto share = data_wait_share(b);
+  if (!share)
+    return note(
+        "Data wait per step: not measured (this profile was written before profile.json recorded "
+        "data_wait_ms; profile again to measure it).");
+  const std::string wait = fixed(*b.data_wait_ms, 2) + " ms/step", pct = fixed(*share * 100, 1) + "%";
+  std::string html = note("Data wait " + wait + " (" + pct + " of the step) at micro-batch " + std::to_string(b.batch) +
+                          ": the median time a timed step waited for its batch (data " + data + ").");
+  return *share > kInputBoundShare ? html + input_bound_warning(*b.data_wait_ms, pct) : html;
+}
+
 std::string summary_section(const formats::Profile& p, const std::string& file) {
   const auto& e = p.environment;
   const auto& s = p.settings;
@@ -63,15 +91,15 @@ std::string summary_section(const formats::Profile& p, const std::string& file) 
   std::string html = html_table({"", ""}, rows, 99);
   std::vector<std::vector<std::string>> batches;
   for (const auto& b : p.batches) {
-    batches.push_back({std::to_string(b.batch), fixed(b.step_ms, 2), std::to_string(b.step_ms_samples.size()),
-                       opt_gib(b.peak_gib), fixed(b.attribution.gpu_ms, 2),
+    batches.push_back({std::to_string(b.batch), fixed(b.step_ms, 2), data_wait_cell(b),
+                       std::to_string(b.step_ms_samples.size()), opt_gib(b.peak_gib), fixed(b.attribution.gpu_ms, 2),
                        fixed(b.attribution.attributed_fraction * 100, 1) + "%",
                        std::to_string(b.attribution.dropped_records)});
   }
-  html += html_table(
-      {"micro-batch", "step (ms, median)", "timed steps", "peak GiB", "GPU ms/step", "attributed", "dropped records"},
-      batches, 0);
-  return html;
+  html += html_table({"micro-batch", "step (ms, median)", "data wait (ms, median; share of step)", "timed steps",
+                      "peak GiB", "GPU ms/step", "attributed", "dropped records"},
+                     batches, 0);
+  return html + data_wait_note(p.batches.at(0), s.data);
 }
 
 std::string module_section(const formats::BatchProfile& b) {
@@ -322,6 +350,11 @@ std::vector<GemmClass> gemm_classes(const std::vector<formats::GemmEntry>& gemms
     }
   }
   return out;
+}
+
+std::optional<double> data_wait_share(const formats::BatchProfile& b) {
+  if (!b.data_wait_ms || !(b.step_ms > 0)) return std::nullopt;
+  return *b.data_wait_ms / b.step_ms;
 }
 
 void add_profile_sections(HtmlPage& page, const formats::Profile& p, const std::string& file) {

@@ -1,7 +1,9 @@
 // The profile.json sections of `vlatune report` (reports/report.h): step time by module stacked by phase,
-// hot spots, recompute ms/GiB per candidate, FP8 speedup per Linear, memory by phase.
+// hot spots, recompute ms/GiB per candidate, FP8 speedup per Linear, memory by phase; the summary shows the data
+// wait per step beside the step time and calls the step input-bound when the wait is a large share of it.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +39,12 @@ struct GemmClass {
   double speedup() const { return fp8_ms > 0 ? bf16_ms / fp8_ms : 0; }
 };
 std::vector<GemmClass> gemm_classes(const std::vector<formats::GemmEntry>& gemms);
+
+// A step waiting for its batch longer than this share of the step is input-bound: the loader, not the model,
+// sets the pace, and more loader workers (not a faster recipe) speed it up.
+inline constexpr double kInputBoundShare = 0.05;
+// data_wait_ms / step_ms of a batch; nullopt when the profile did not measure the wait (written before it).
+std::optional<double> data_wait_share(const formats::BatchProfile& batch);
 
 void add_profile_sections(HtmlPage& page, const formats::Profile& profile, const std::string& file);
 

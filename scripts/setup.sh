@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian 12 machine needs to build and test vlatune, idempotently:
-# Debian packages (headers, test/bench libraries, optional HDF5/SentencePiece, chromium for the report test) and
-# torch==2.11.0 from PyPI into the project virtual environment .venv (LibTorch comes from that wheel), and the
-# header-only cudnn_frontend from PyPI.
+# Debian packages (headers, test/bench libraries, optional HDF5/SentencePiece/FFmpeg, chromium for the report test)
+# and torch==2.11.0 from PyPI into the project virtual environment (LibTorch comes from that wheel), the
+# header-only cudnn_frontend and pyarrow (Arrow/Parquet C++) from PyPI.
 # A second run checks and returns in seconds.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -13,7 +13,9 @@ venv="${VLATUNE_VENV:-$HOME/.cache/vlatune/venv-torch-$torch_version}"
 debs=(build-essential cmake ninja-build ccache git pkg-config python3-venv
       nlohmann-json3-dev libcli11-dev catch2 libbenchmark-dev
       libhdf5-dev libsentencepiece-dev sentencepiece zlib1g-dev
+      libavformat-dev libavcodec-dev libswscale-dev libavutil-dev  # FFmpeg: LeRobot frames and videos (data import)
       libgloo-dev  # Gloo's headers: the CPU process group of the data-parallel tests (trainer/distributed.h)
+      libdav1d-dev libsvtav1enc-dev libx264-dev nasm  # only for pack-deps.sh's minimal FFmpeg build (.deps/ffmpeg)
       chromium)  # chromium: headless screenshot test of `vlatune report`'s HTML (tests/core)
 missing=()
 for p in "${debs[@]}"; do
@@ -47,6 +49,15 @@ if [ "$have_frontend" != "$frontend_version" ]; then
   # Optional: without it the build still works, the joint attention then runs FlashAttention-2 (slower).
   "$venv/bin/pip" install -q --no-deps "nvidia-cudnn-frontend==$frontend_version" ||
     echo "setup: WARNING: nvidia-cudnn-frontend not installed; the cuDNN attention kernels will be left out" >&2
+fi
+# pyarrow: its wheel carries Arrow/Parquet C++ (headers and libraries) for LeRobot's parquet tables, as the torch
+# wheel carries LibTorch. Optional: without it `vlatune data import --lerobot` reports that it is unavailable.
+pyarrow_version="${VLATUNE_PYARROW_VERSION:-26.0.1}"
+have_pyarrow="$("$venv/bin/python" -c 'import pyarrow; print(pyarrow.__version__)' 2>/dev/null || true)"
+if [ "$have_pyarrow" != "$pyarrow_version" ]; then
+  echo "setup: installing pyarrow==$pyarrow_version into $venv"
+  "$venv/bin/pip" install -q "pyarrow==$pyarrow_version" ||
+    echo "setup: WARNING: pyarrow not installed; LeRobot import will be left out" >&2
 fi
 # Record the interpreter so CMake finds torch through it and never through PATH's python3.
 mkdir -p "$root/.vlatune"

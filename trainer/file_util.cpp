@@ -1,10 +1,13 @@
 #include "trainer/file_util.h"
 
 #include <dirent.h>
+#include <ftw.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
@@ -38,6 +41,23 @@ bool is_fresh_output(const std::string& path) {
   }
   ::closedir(dir);
   return empty;
+}
+
+namespace {
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
+  return ::remove(path) == 0 ? 0 : errno;
+}
+}  // namespace
+
+void remove_tree(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return;
+  if (!S_ISDIR(st.st_mode)) {
+    if (::unlink(path.c_str()) != 0) throw std::runtime_error(path + ": cannot remove: " + std::strerror(errno));
+    return;
+  }
+  const int rc = ::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  if (rc != 0) throw std::runtime_error(path + ": cannot remove: " + std::strerror(rc > 0 ? rc : errno));
 }
 
 void make_directories(const std::string& path) {

@@ -19,6 +19,10 @@ bool is_fresh_output(const std::string& path);
 // mkdir -p; throws std::runtime_error naming the path and the reason.
 void make_directories(const std::string& path);
 
+// Removes `path` and everything below it, never following a symbolic link (a link is removed, not its target).
+// Nothing to do when it does not exist; throws std::runtime_error naming the entry that could not be removed.
+void remove_tree(const std::string& path);
+
 // Regular files under `dir` (recursively, symlinks followed) whose names end with one of `suffixes`, as paths
 // starting with `dir`, sorted. Throws std::runtime_error when `dir` cannot be read.
 std::vector<std::string> list_files_recursive(const std::string& dir, const std::vector<std::string>& suffixes);

@@ -36,6 +36,56 @@ QuantileStats compute_quantiles(const std::vector<float>& values, int64_t dim) {
   return stats;
 }
 
+QuantileStats compute_norm_stats(const std::vector<float>& values, int64_t dim, const std::vector<int64_t>& weights) {
+  if (dim < 1 || values.empty() || values.size() % static_cast<size_t>(dim) != 0)
+    throw std::invalid_argument("compute_norm_stats: need a non-empty [rows, " + std::to_string(dim) + "] array, got " +
+                                std::to_string(values.size()) + " values");
+  const size_t rows = values.size() / static_cast<size_t>(dim);
+  if (!weights.empty() && weights.size() != rows)
+    throw std::invalid_argument("compute_norm_stats: " + std::to_string(weights.size()) + " weights for " +
+                                std::to_string(rows) + " rows");
+  auto weight = [&](size_t r) { return weights.empty() ? int64_t{1} : weights[r]; };
+  int64_t total = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    if (weight(r) < 0) throw std::invalid_argument("compute_norm_stats: negative weight at row " + std::to_string(r));
+    total += weight(r);
+  }
+  if (total == 0) throw std::invalid_argument("compute_norm_stats: the weights sum to zero");
+  QuantileStats stats;
+  std::vector<std::pair<float, int64_t> > column(rows);
+  for (int64_t d = 0; d < dim; ++d) {
+    double sum = 0, sum_sq = 0;
+    for (size_t r = 0; r < rows; ++r) {
+      const float v = values[r * static_cast<size_t>(dim) + static_cast<size_t>(d)];
+      const auto w = static_cast<double>(weight(r));
+      sum += w * v;
+      sum_sq += w * static_cast<double>(v) * v;
+      column[r] = {v, weight(r)};
+    }
+    const double mean = sum / static_cast<double>(total);
+    stats.mean.push_back(static_cast<float>(mean));
+    stats.std.push_back(
+        static_cast<float>(std::sqrt(std::max(0.0, sum_sq / static_cast<double>(total) - mean * mean))));
+    std::sort(column.begin(), column.end());
+    // The value at rank k of the rows repeated by their weights.
+    auto at_rank = [&](int64_t k) {
+      int64_t seen = 0;
+      for (const auto& [v, w] : column) {
+        seen += w;
+        if (k < seen) return static_cast<double>(v);
+      }
+      return static_cast<double>(column.back().first);
+    };
+    for (const double p : {0.01, 0.99}) {
+      const double h = static_cast<double>(total - 1) * p;
+      const auto lo = static_cast<int64_t>(std::floor(h));
+      const double a = at_rank(lo), b = at_rank(std::min(lo + 1, total - 1));
+      (p < 0.5 ? stats.q01 : stats.q99).push_back(static_cast<float>(a + (h - static_cast<double>(lo)) * (b - a)));
+    }
+  }
+  return stats;
+}
+
 void normalize_quantile(float* values, int64_t rows, int64_t dim, const QuantileStats& stats) {
   const auto n = static_cast<int64_t>(stats.q01.size());
   if (stats.q99.size() != stats.q01.size() || n > dim)
@@ -57,11 +107,14 @@ nlohmann::json quantile_stats_to_json(const QuantileStats& stats) {
     for (float x : v) a.push_back(static_cast<double>(x));
     return a;
   };
-  return {{"q01", as_json(stats.q01)}, {"q99", as_json(stats.q99)}};
+  nlohmann::json j = {{"q01", as_json(stats.q01)}, {"q99", as_json(stats.q99)}};
+  if (!stats.mean.empty()) j["mean"] = as_json(stats.mean);
+  if (!stats.std.empty()) j["std"] = as_json(stats.std);
+  return j;
 }
 
 QuantileStats read_quantile_stats(const formats::JsonCursor& cursor, int64_t dim) {
-  cursor.expect_object({"q01", "q99"});
+  cursor.expect_object({"q01", "q99", "mean", "std"});
   auto read = [&](const char* key) {
     const auto arr = cursor.at(key);
     const size_t n = arr.expect_array();
@@ -74,6 +127,14 @@ QuantileStats read_quantile_stats(const formats::JsonCursor& cursor, int64_t dim
   QuantileStats stats;
   stats.q01 = read("q01");
   stats.q99 = read("q99");
+  const bool has_mean = cursor.find("mean").has_value(), has_std = cursor.find("std").has_value();
+  if (has_mean != has_std)
+    cursor.fail(std::string("has \"") + (has_mean ? "mean" : "std") + "\" without \"" + (has_mean ? "std" : "mean") +
+                "\"");
+  if (has_mean) {
+    stats.mean = read("mean");
+    stats.std = read("std");
+  }
   return stats;
 }
 

@@ -16,6 +16,9 @@ namespace vlatune::trainer {
 
 struct QuantileStats {
   std::vector<float> q01, q99;  // one value per real (unpadded) dimension
+  // openpi's NormStats also carries mean and std (its z-score normalization and its loader need them); empty
+  // where the dataset's maker did not compute them.
+  std::vector<float> mean, std;
 };
 
 struct NormStats {
@@ -29,15 +32,24 @@ struct NormStats {
 // bin width. Throws std::invalid_argument when there are no rows or values.size() != rows * dim.
 QuantileStats compute_quantiles(const std::vector<float>& values, int64_t dim);
 
+// openpi's compute_norm_stats quantities of row-major [rows, dim] values where row r counts weights[r] times (an
+// empty `weights`: once each): mean, std = sqrt(E[x^2] - E[x]^2), and q01/q99 exactly as compute_quantiles would
+// give on the rows repeated by their weights (numpy's linear interpolation). openpi approximates the quantiles
+// with a 5000-bin histogram per dimension, so its values differ from these by up to one bin width
+// ((max - min) / 5000). Throws std::invalid_argument on empty input, a shape mismatch or a zero total weight.
+QuantileStats compute_norm_stats(const std::vector<float>& values, int64_t dim, const std::vector<int64_t>& weights);
+
 // Normalizes `rows` rows of `dim` values in place. Dims [0, stats.q01.size()) are mapped with the formula above
 // (computed in double, rounded to float once, as numpy does with openpi's float64 statistics); dims beyond the
 // statistics pass through unchanged (openpi: "padded dims are passed through"). Throws std::invalid_argument
 // when the statistics have more dims than a row or q01/q99 differ in length.
 void normalize_quantile(float* values, int64_t rows, int64_t dim, const QuantileStats& stats);
 
-// The manifest form: {"q01": [...], "q99": [...]}. Floats are written with enough digits to round-trip.
+// The manifest form: {"q01": [...], "q99": [...]} plus "mean" and "std" when present. Floats are written with
+// enough digits to round-trip.
 nlohmann::json quantile_stats_to_json(const QuantileStats& stats);
-// Validating reader: both arrays present, finite numbers, `dim` entries each (FormatError with the JSON path).
+// Validating reader: q01 and q99 (mean and std optional, both or neither), finite numbers, `dim` entries each
+// (FormatError with the JSON path).
 QuantileStats read_quantile_stats(const formats::JsonCursor& cursor, int64_t dim);
 
 }  // namespace vlatune::trainer

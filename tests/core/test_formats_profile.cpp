@@ -3,6 +3,7 @@
 
 #include "temp_dir.h"
 
+#include <cmath>
 #include <string>
 
 #include "formats/json_error.h"
@@ -20,6 +21,8 @@ BatchProfile sample_batch(int64_t batch) {
   b.batch = batch;
   b.step_ms = 700.0 * static_cast<double>(batch) / 32.0;
   b.step_ms_samples = {b.step_ms - 1, b.step_ms, b.step_ms + 2};
+  b.data_wait_ms = 0.4;
+  b.data_wait_ms_samples = {0.3, 0.4, 1.5};
   b.peak_gib = 70.5;
   b.memory.parameter_bytes = 6706867744;
   b.memory.gradient_bytes = 6706867744;
@@ -137,6 +140,82 @@ TEST_CASE("profile.json round-trips through the writer and the reader", "[format
   json old = profile_to_json(p);
   for (auto& k : old["batches"][0]["kernels"]) k.erase("sites");
   CHECK(parse_profile(old, "old.json").batches[0].kernels[0].sites.empty());
+}
+
+TEST_CASE("profile.json's data wait round-trips and is optional (absent: not measured)", "[formats][profile]") {
+  TempDir dir("profile");
+  Profile p = sample_profile();
+  p.batches[1].data_wait_ms = 0.0;  // synthetic data: a measured zero, kept as such
+  p.batches[1].data_wait_ms_samples = {0.0, 0.0, 0.0};
+  const std::string path = dir.file("profile.json");
+  write_profile(p, path);
+  const Profile back = read_profile(path);
+  CHECK(profile_to_json(back) == profile_to_json(p));
+  REQUIRE(back.batches[0].data_wait_ms.has_value());
+  CHECK(*back.batches[0].data_wait_ms == 0.4);
+  CHECK(back.batches[0].data_wait_ms_samples == std::vector<double>{0.3, 0.4, 1.5});
+  REQUIRE(back.batches[1].data_wait_ms.has_value());
+  CHECK(*back.batches[1].data_wait_ms == 0.0);
+
+  // Not measured: written without the keys (not as 0 or null), and profiles written before them still read.
+  p.batches[0].data_wait_ms.reset();
+  p.batches[0].data_wait_ms_samples.clear();
+  const json unmeasured = profile_to_json(p);
+  CHECK_FALSE(unmeasured["batches"][0].contains("data_wait_ms"));
+  CHECK_FALSE(unmeasured["batches"][0].contains("data_wait_ms_samples"));
+  const Profile old = parse_profile(unmeasured, "old.json");
+  CHECK_FALSE(old.batches[0].data_wait_ms.has_value());
+  CHECK(old.batches[0].data_wait_ms_samples.empty());
+  CHECK(old.batches[1].data_wait_ms.has_value());
+}
+
+TEST_CASE("profile.json reader rejects a bad data wait with the JSON path", "[formats][profile]") {
+  const json good = profile_to_json(sample_profile());
+  auto with = [&](const json::json_pointer& ptr, const json& value) {
+    json j = good;
+    j[ptr] = value;
+    return j;
+  };
+  auto without = [&](const char* key) {
+    json j = good;
+    j["batches"][0].erase(key);
+    return j;
+  };
+  struct Case {
+    json doc;
+    std::string path;
+    std::string reason_part;
+  };
+  const std::vector<Case> cases = {
+      {with("/batches/0/data_wait_ms"_json_pointer, -0.5), "$.batches[0].data_wait_ms", ">= 0"},
+      {with("/batches/0/data_wait_ms"_json_pointer, "NaN"), "$.batches[0].data_wait_ms", "finite number"},
+      {with("/batches/0/data_wait_ms"_json_pointer, std::nan("")), "$.batches[0].data_wait_ms", "finite number"},
+      {with("/batches/0/data_wait_ms"_json_pointer, nullptr), "$.batches[0].data_wait_ms", "finite number"},
+      {with("/batches/0/data_wait_ms"_json_pointer, json::array({0.4})), "$.batches[0].data_wait_ms", "finite number"},
+      {with("/batches/1/data_wait_ms_samples/2"_json_pointer, -1.0), "$.batches[1].data_wait_ms_samples[2]", ">= 0"},
+      {with("/batches/0/data_wait_ms_samples/0"_json_pointer, "Infinity"), "$.batches[0].data_wait_ms_samples[0]",
+       "finite number"},
+      {with("/batches/0/data_wait_ms_samples"_json_pointer, 0.4), "$.batches[0].data_wait_ms_samples", "array"},
+      {with("/batches/0/data_wait_ms_samples"_json_pointer, json::array({0.3, 0.4})),
+       "$.batches[0].data_wait_ms_samples", "expected 3 entries (one per step_ms_samples entry"},
+      {with("/batches/0/data_wait_ms_samples"_json_pointer, json::array()), "$.batches[0].data_wait_ms_samples",
+       "got 0"},
+      {without("data_wait_ms_samples"), "$.batches[0].data_wait_ms_samples", "missing required key"},
+      {without("data_wait_ms"), "$.batches[0].data_wait_ms", "missing required key"},
+  };
+  for (const auto& c : cases) {
+    INFO("expected error at " << c.path);
+    const FormatError e = error_of(c.doc);
+    CHECK(e.file() == "profile.json");
+    CHECK(e.json_path() == c.path);
+    CHECK_THAT(e.reason(), Catch::Contains(c.reason_part));
+  }
+
+  // The writer validates as the reader does: samples that do not match the timed steps are not written.
+  TempDir dir("profile");
+  Profile p = sample_profile();
+  p.batches[0].data_wait_ms_samples.pop_back();
+  CHECK_THROWS_AS(write_profile(p, dir.file("profile.json")), FormatError);
 }
 
 TEST_CASE("profile.json reader rejects bad input with the JSON path", "[formats][profile]") {

@@ -180,3 +180,53 @@ TEST_CASE("The report renders a profile's sections", "[reports][html][profile]")
   CHECK(html.find("m.layers.*.mlp (backward) 4.000 ms") != std::string::npos);
   CHECK(html == vlatune::reports::render_report(in));
 }
+
+TEST_CASE("The profile section shows the data wait beside the step time, and says when the step is input-bound",
+          "[reports][html][profile]") {
+  auto render = [](const Profile& p) {
+    vlatune::reports::ReportInput in;
+    in.profile = p;
+    in.profile_file = "profile.json";
+    return vlatune::reports::render_report(in);
+  };
+  auto with_wait = [](double ms) {
+    Profile p = small_profile(100.0);
+    p.batches[0].data_wait_ms = ms;
+    p.batches[0].data_wait_ms_samples.assign(p.batches[0].step_ms_samples.size(), ms);
+    return p;
+  };
+  // Through profile.json and back: what the report reads.
+  vlatune::test::TempDir dir("report_data_wait");
+  vlatune::formats::write_profile(with_wait(0.4), dir.file("profile.json"));
+  const std::string html = render(vlatune::formats::read_profile(dir.file("profile.json")));
+  CHECK(html.find("Data wait 0.40 ms/step (0.4% of the step) at micro-batch 32") != std::string::npos);
+  CHECK(html.find("<th>data wait (ms, median; share of step)</th>") != std::string::npos);
+  CHECK(html.find("<td class=\"num\">100.00</td><td class=\"num\">0.40 (0.4%)</td>") != std::string::npos);
+  CHECK(html.find("Input-bound") == std::string::npos);
+  CHECK(html.find("not measured") == std::string::npos);
+
+  // A measured zero (synthetic data) is a zero, not "not measured".
+  const std::string synthetic = render(with_wait(0.0));
+  CHECK(synthetic.find("Data wait 0.00 ms/step (0.0% of the step)") != std::string::npos);
+  CHECK(synthetic.find("not measured") == std::string::npos);
+
+  // A profile written before data_wait_ms: unknown, never shown as 0.
+  const std::string old = render(small_profile(100.0));
+  CHECK(old.find("Data wait per step: not measured") != std::string::npos);
+  CHECK(old.find("<td class=\"num\">not measured</td>") != std::string::npos);
+  CHECK(old.find("0.00 (0.0%)") == std::string::npos);
+  CHECK(old.find("Input-bound") == std::string::npos);
+
+  // Over 5% of the step: input-bound, with the loader's knob.
+  const std::string slow = render(with_wait(12.0));
+  CHECK(slow.find("Data wait 12.00 ms/step (12.0% of the step)") != std::string::npos);
+  CHECK(slow.find("<strong>Input-bound:</strong> steps wait 12.00 ms for their batch (median), 12.0% of the step "
+                  "(more than 5%)") != std::string::npos);
+  CHECK(slow.find("<code>vlatune train --workers N</code>") != std::string::npos);
+  // At exactly 5% it is not (more than 5% is).
+  CHECK(render(with_wait(5.0)).find("Input-bound") == std::string::npos);
+  CHECK(render(with_wait(5.1)).find("Input-bound") != std::string::npos);
+
+  CHECK(vlatune::reports::data_wait_share(with_wait(12.0).batches[0]) == Approx(0.12));
+  CHECK_FALSE(vlatune::reports::data_wait_share(small_profile(100.0).batches[0]).has_value());
+}

@@ -56,7 +56,8 @@ Recipe sample_recipe() {
   return r;
 }
 
-ReportRun sample_run(const std::string& name, double step_ms, double loss_scale) {
+// `wait_ms`: the median data wait after warm-up (the warm-up steps wait 250 ms: a loader filling its queue).
+ReportRun sample_run(const std::string& name, double step_ms, double loss_scale, double wait_ms) {
   ReportRun rr;
   rr.name = name;
   rr.file = name + "/run.json";
@@ -78,6 +79,7 @@ ReportRun sample_run(const std::string& name, double step_ms, double loss_scale)
     m.grad_norm = 1.0;
     m.step_ms = ms;
     m.samples_per_s = 32 * 1000.0 / ms;
+    m.data_wait_ms = s < 3 ? 250.0 : wait_ms * (1 + 0.1 * static_cast<double>(s % 3 - 1));
     rr.metrics.push_back(m);
     if (s >= 3) {
       r.step_ms.push_back(ms);
@@ -92,7 +94,7 @@ ReportInput sample_input() {
   ReportInput in;
   in.recipe = sample_recipe();
   in.recipe_file = "recipe.json";
-  in.runs = {sample_run("bf16", 812.0, 1.0), sample_run("fp8 <test & \"quote\">", 700.0, 1.01)};
+  in.runs = {sample_run("bf16", 812.0, 1.0, 1.25), sample_run("fp8 <test & \"quote\">", 700.0, 1.01, 0.5)};
   return in;
 }
 
@@ -151,12 +153,12 @@ TEST_CASE("The report is self-contained, deterministic and has the charts its in
   CHECK(count(html, "<script") == 0);
   CHECK(count(html, "http") == count(html, "xmlns=\"http://www.w3.org/2000/svg\""));
   CHECK(count(html, " src=") == 0);
-  // Candidates scatter + throughput + loss.
-  CHECK(count(html, "<svg") == 3);
+  // Candidates scatter + throughput + data wait + loss.
+  CHECK(count(html, "<svg") == 4);
   CHECK(count(html, "class=\"point\"") == 3);
   CHECK(count(html, "(chosen)") >= 2);                               // the chart label and the table row
   CHECK(count(html, "budget 132.0 GiB") == 1);                       // the budget line
-  CHECK(count(html, "class=\"series\"") == 4);                       // two runs x (throughput, loss)
+  CHECK(count(html, "class=\"series\"") == 6);                       // two runs x (throughput, data wait, loss)
   CHECK(count(html, "cheapest memory: 0.8 ms per GiB saved") == 1);  // decisions table
   CHECK(count(html, "ms_per_gib_saved = 0.8000") == 1);
   // Names are escaped everywhere they appear.
@@ -165,6 +167,40 @@ TEST_CASE("The report is self-contained, deterministic and has the charts its in
   // Predicted vs measured: 812 ms predicted vs the bf16 run's median.
   CHECK(count(html, "Predicted vs measured") >= 1);
   CHECK(count(html, ">812.0<") >= 1);
+}
+
+TEST_CASE("The runs section plots metrics.jsonl's data wait and tabulates its median", "[reports][html]") {
+  ReportInput in = sample_input();
+  const std::string html = vlatune::reports::render_report(in);
+  // The chart sits between the throughput and the loss charts, one line per run.
+  const size_t thr = html.find("<title>Throughput over steps</title>"),
+               wait = html.find("<title>Data-loader wait per step</title>"),
+               loss = html.find("<title>Training loss over steps</title>");
+  REQUIRE(wait != std::string::npos);
+  CHECK(thr < wait);
+  CHECK(wait < loss);
+  const std::string chart = html.substr(wait, loss - wait);
+  CHECK(count(chart, "class=\"series\"") == 2);
+  CHECK(count(chart, "data wait (ms)") == 1);  // the y axis
+  CHECK(count(chart, ">250</text>") == 1);     // the warm-up's 250 ms waits are plotted: the top tick
+  // The table: the median over the steps after warm-up (warm-up's 250 ms left out), beside the median step.
+  CHECK(count(html, "<th>median data wait (ms)</th>") == 1);
+  CHECK(count(html, "<td class=\"num\">812.0</td><td class=\"num\">1.25</td>") == 1);
+  CHECK(count(html, "<td class=\"num\">0.50</td>") == 1);
+  CHECK(count(html, "not measured") == 0);
+
+  // run.json records no data wait: without metrics.jsonl it is "not measured", never 0.
+  in.runs[1].metrics.clear();
+  const std::string partial = vlatune::reports::render_report(in);
+  CHECK(count(partial, "<svg") == 4);
+  CHECK(count(partial, "<td class=\"num\">not measured</td>") == 1);
+  CHECK(count(partial, "fp8 &lt;test &amp; &quot;quote&quot;&gt; (not measured)") >= 1);  // its legend entry
+  in.runs[0].metrics.clear();
+  const std::string none = vlatune::reports::render_report(in);
+  CHECK(count(none, "<svg") == 3);
+  CHECK(count(none, "Data-loader wait per step") == 0);
+  CHECK(count(none, "Data wait per step: not measured") == 1);
+  CHECK(count(none, "<td class=\"num\">not measured</td>") == 2);
 }
 
 TEST_CASE("The report matches its golden file byte for byte", "[reports][html]") {
@@ -248,8 +284,8 @@ TEST_CASE("The report renders in headless Chromium: not blank, and the SVGs are 
   REQUIRE(chromium_render(chromium, dir, html_file, dir.file("report.png"), dir.file("report.dom")));
   std::ifstream dom_in(dir.file("report.dom"));
   const std::string dom((std::istreambuf_iterator<char>(dom_in)), std::istreambuf_iterator<char>());
-  CHECK(count(dom, "<svg") == 3);
-  CHECK(count(dom, "class=\"series\"") == 4);
+  CHECK(count(dom, "<svg") == 4);
+  CHECK(count(dom, "class=\"series\"") == 6);
 #if VLATUNE_HAVE_ZLIB
   const auto img = vlatune::test::read_png_rgb(dir.file("report.png"));
   CHECK(img.width == 1100);

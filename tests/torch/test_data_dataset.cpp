@@ -97,8 +97,8 @@ TEST_CASE("a dataset written sample by sample reads back bit-identically across 
   m.layout = RecordLayout{2, 5, 12, 3, 7, 8};
   m.cameras = {"base_0_rgb", "left_wrist_0_rgb"};
   m.tokenizer.vocab_size = 100;
-  m.norm.actions = {std::vector<float>(7, -0.5f), std::vector<float>(7, 0.25f)};
-  m.norm.state = {std::vector<float>(8, -2.0f), std::vector<float>(8, 3.0f)};
+  m.norm.actions = {std::vector<float>(7, -0.5f), std::vector<float>(7, 0.25f), {}, {}};
+  m.norm.state = {std::vector<float>(8, -2.0f), std::vector<float>(8, 3.0f), {}, {}};
   m.source = {{"kind", "test"}};
   const auto& l = m.layout;
   const int64_t n = 7;

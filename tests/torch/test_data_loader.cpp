@@ -61,8 +61,8 @@ std::shared_ptr<const Dataset> make_known(const TempTree& tmp, int64_t side, int
   m.layout = RecordLayout{2, side, 200, 5, 7, 8};
   m.cameras = {"base_0_rgb", "left_wrist_0_rgb"};
   m.tokenizer.vocab_size = 512;
-  m.norm.actions = {std::vector<float>(7, -1.0f), std::vector<float>(7, 1.0f)};
-  m.norm.state = {std::vector<float>(8, -1.0f), std::vector<float>(8, 1.0f)};
+  m.norm.actions = {std::vector<float>(7, -1.0f), std::vector<float>(7, 1.0f), {}, {}};
+  m.norm.state = {std::vector<float>(8, -1.0f), std::vector<float>(8, 1.0f), {}, {}};
   const auto& l = m.layout;
   DatasetWriter w(tmp / "known", m, samples);
   std::vector<uint8_t> img0(l.image_bytes()), img1(l.image_bytes());
