@@ -70,7 +70,7 @@ imp() {  # NAME SRC WORKERS [extra flags]
   local name="$1" src="$2" workers="$3"; shift 3
   rm -rf "/tmp/ds_$name"
   local s=$(date +%s.%N)
-  $vl data import --lerobot "$src" --tokenizer /tmp/tok.model --out "/tmp/ds_$name" --workers "$workers" "$@" \
+  timeout 150 $vl data import --lerobot "$src" --tokenizer /tmp/tok.model --out "/tmp/ds_$name" --workers "$workers" "$@" \
     > "$out/import_$name.log" 2>&1 || { echo "import $name failed"; tail -20 "$out/import_$name.log"; return 1; }
   local e=$(date +%s.%N)
   local frames=$(python3 -c "import json; print(json.load(open('/tmp/ds_$name/manifest.json'))['samples'])")
@@ -90,11 +90,11 @@ for w in 1 4; do imp "png_w$w" "$data/png" "$w" --episodes 0:8; imp "av1_w$w" "$
 imp "png_all_w16" "$data/png" "$(nproc)" --episodes 0:8
 
 log "the loader alone (full size, batch 32, the trainer's default workers, and 8)"
-for w in 4 8; do $vl data bench --data /tmp/ds_png --config full --batch 32 --steps 100 --workers $w | tee -a "$out/summary.txt"; done
+for w in 4 8; do timeout 60 $vl data bench --data /tmp/ds_png --config full --batch 32 --steps 100 --workers $w | tee -a "$out/summary.txt"; done
 
 log "train full size, batch 32, FP8 recipe, from the imported PNG dataset ($train_steps steps)"
 rm -rf /tmp/run_fp8
-$vl train --config full --data /tmp/ds_png --recipe recipes/pi05_libero_h200_fp8.json --batch 32 \
+timeout 240 $vl train --config full --data /tmp/ds_png --recipe recipes/pi05_libero_h200_fp8.json --batch 32 \
   --steps "$train_steps" --timing-warmup 5 --out /tmp/run_fp8 --no-progress --log-every 10 --no-save \
   > "$out/train_fp8.log" 2>&1 || { echo "train failed"; tail -30 "$out/train_fp8.log"; }
 tail -5 "$out/train_fp8.log"
