@@ -259,6 +259,20 @@ TEST_CASE("a LeRobot v2.1 dataset with PNG frames imports pixel-exact, with open
     check_norm_stats(f, r.train->manifest().norm, all_episodes(f), 4);
     CHECK(vlatune::trainer::path_exists(tmp / (std::string("out_") + layout) + "/norm_stats.json"));
   }
+  // --discrete-state: each frame's prompt carries its own normalized state (spec §4.6).
+  LeRobotFixture f;
+  f.dir = tmp / "discrete";
+  f.episode_lengths = {4, 3};
+  vlatune::testing::write_lerobot_fixture(f);
+  LeRobotImportOptions o;
+  o.discrete_state = true;
+  const auto r = import(f, model, tmp / "out_discrete", o);
+  CHECK(r.train->manifest().tokenizer.discrete_state);
+  for (int64_t i = 0; i < r.train->size(); ++i) {
+    const int64_t e = i < 4 ? 0 : 1;
+    const auto p = tok.tokenize(vlatune::testing::fixture_task(f, e), r.train->state(i), f.state_dim);
+    CHECK(std::vector<int32_t>(r.train->tokens(i), r.train->tokens(i) + 200) == p.ids);
+  }
 }
 
 TEST_CASE("v2.0 and v3.0 datasets import the same samples; v3.0 reads many episodes per file", "[data][lerobot]") {
