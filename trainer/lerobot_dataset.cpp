@@ -77,6 +77,19 @@ struct Json {
   }
 };
 
+// Calls row(json, where) for each non-blank line of a JSON-lines file; `where` names the file and line.
+template <typename Row>
+void for_each_jsonl_row(const std::string& file, Row row) {
+  std::istringstream lines(read_small_file(file));
+  std::string line;
+  for (int64_t n = 1; std::getline(lines, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = ":" + std::to_string(n);
+    const ojson j = parse_json(line, file, where);
+    row(Json{j, file + where, "$"});
+  }
+}
+
 LeRobotFeature read_feature(const std::string& key, const Json& j) {
   LeRobotFeature f;
   f.key = key;
@@ -235,17 +248,11 @@ LeRobotDataset read_lerobot_dataset(const std::string& dir) {
     }
   } else {
     const std::string tasks_file = join_path(dir, "meta/tasks.jsonl");
-    std::istringstream lines(read_small_file(tasks_file));
-    std::string line;
-    for (int64_t n = 1; std::getline(lines, line); ++n) {
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      const std::string where = ":" + std::to_string(n);
-      const ojson j = parse_json(line, tasks_file, where);
-      const Json row{j, tasks_file + where, "$"};
+    for_each_jsonl_row(tasks_file, [&](const Json& row) {
       const int64_t index = row.at("task_index").integer(0);
       if (!d.tasks.emplace(index, row.at("task").string()).second)
         row.at("task_index").fail("task_index " + std::to_string(index) + " appears twice");
-    }
+    });
   }
 
   // Episodes.
@@ -305,13 +312,7 @@ LeRobotDataset read_lerobot_dataset(const std::string& dir) {
     }
   } else {
     const std::string episodes_file = join_path(dir, "meta/episodes.jsonl");
-    std::istringstream lines(read_small_file(episodes_file));
-    std::string line;
-    for (int64_t n = 1; std::getline(lines, line); ++n) {
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      const std::string where = ":" + std::to_string(n);
-      const ojson j = parse_json(line, episodes_file, where);
-      const Json row{j, episodes_file + where, "$"};
+    for_each_jsonl_row(episodes_file, [&](const Json& row) {
       LeRobotEpisode e;
       e.index = row.at("episode_index").integer(0);
       e.length = row.at("length").integer(1);
@@ -329,7 +330,7 @@ LeRobotDataset read_lerobot_dataset(const std::string& dir) {
         e.videos[f.key] = span;
       }
       d.episodes.push_back(std::move(e));
-    }
+    });
   }
   std::sort(d.episodes.begin(), d.episodes.end(),
             [](const LeRobotEpisode& a, const LeRobotEpisode& b) { return a.index < b.index; });

@@ -586,10 +586,7 @@ LeRobotImportReport import_lerobot(const LeRobotImportOptions& o) {
   report.train = train_writer->finish();
   if (val_writer) report.val = val_writer->finish();
   // openpi's norm_stats.json beside the manifest, for tools that read openpi's assets.
-  const nlohmann::json stats = {
-      {"norm_stats",
-       {{"actions", quantile_stats_to_json(norm.actions)}, {"state", quantile_stats_to_json(norm.state)}}}};
-  formats::write_file_atomic(join_path(partial, "norm_stats.json"), stats.dump(2) + "\n");
+  formats::write_file_atomic(join_path(partial, "norm_stats.json"), norm_stats_file_json(norm).dump(2) + "\n");
   if (path_exists(o.out) && ::rmdir(o.out.c_str()) != 0)  // an empty directory (checked at the start)
     throw std::runtime_error("cannot replace the empty directory " + o.out + ": " + std::strerror(errno));
   if (::rename(partial.c_str(), o.out.c_str()) != 0)

@@ -113,6 +113,11 @@ nlohmann::json quantile_stats_to_json(const QuantileStats& stats) {
   return j;
 }
 
+nlohmann::json norm_stats_file_json(const NormStats& stats) {
+  return {{"norm_stats",
+           {{"actions", quantile_stats_to_json(stats.actions)}, {"state", quantile_stats_to_json(stats.state)}}}};
+}
+
 QuantileStats read_quantile_stats(const formats::JsonCursor& cursor, int64_t dim) {
   cursor.expect_object({"q01", "q99", "mean", "std"});
   auto read = [&](const char* key) {

@@ -48,6 +48,9 @@ void normalize_quantile(float* values, int64_t rows, int64_t dim, const Quantile
 // The manifest form: {"q01": [...], "q99": [...]} plus "mean" and "std" when present. Floats are written with
 // enough digits to round-trip.
 nlohmann::json quantile_stats_to_json(const QuantileStats& stats);
+// openpi's norm_stats.json (its assets layout): {"norm_stats": {"actions": {...}, "state": {...}}}.
+nlohmann::json norm_stats_file_json(const NormStats& stats);
+
 // Validating reader: q01 and q99 (mean and std optional, both or neither), finite numbers, `dim` entries each
 // (FormatError with the JSON path).
 QuantileStats read_quantile_stats(const formats::JsonCursor& cursor, int64_t dim);

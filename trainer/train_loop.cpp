@@ -492,13 +492,9 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& call
     model::save_state_dict(*net, join_path(final_dir, "model.safetensors"), {{"format", "pt"}, {"weights", "last"}});
   }
   if (opt.data != "synthetic") {
-    auto dataset = Dataset::open(opt.data);
-    // openpi's assets layout: {"norm_stats": {"actions": {"q01", "q99"}, "state": {...}}}.
-    const NormStats& norm = dataset->manifest().norm;
-    nlohmann::json stats = {
-        {"norm_stats",
-         {{"actions", quantile_stats_to_json(norm.actions)}, {"state", quantile_stats_to_json(norm.state)}}}};
-    formats::write_file_atomic(join_path(final_dir, "norm_stats.json"), stats.dump(2) + "\n");
+    // The manifest alone: Dataset::open would hash every shard again (tens of GiB for a LeRobot import).
+    const NormStats norm = read_manifest(join_path(opt.data, "manifest.json")).norm;
+    formats::write_file_atomic(join_path(final_dir, "norm_stats.json"), norm_stats_file_json(norm).dump(2) + "\n");
   }
 
   formats::RunRecord run;
