@@ -28,6 +28,10 @@ std::string nvidia_driver_version() {
 }
 }  // namespace
 
+void use_aten_cpu_kernels() {
+  at::globalContext().setUserEnabledMkldnn(false);
+}
+
 torch::Device resolve_device(const std::string& flag, const std::string& choice) {
   if (choice == "cpu") return torch::kCPU;
   if (choice == "cuda" || choice == "auto") {

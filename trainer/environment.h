@@ -14,6 +14,11 @@ namespace vlatune::trainer {
 // std::invalid_argument naming `flag` for an unknown value, or for "cuda" when no GPU is visible.
 torch::Device resolve_device(const std::string& flag, const std::string& choice);
 
+// Makes the CPU run ATen's own kernels instead of oneDNN's. oneDNN's JIT convolution backward (SigLIP's patch
+// embedding) was seen spinning without end in two-process CPU training, intermittently; ATen's convolution has no
+// such barrier, and the CPU runs only the tiny config, where speed does not matter. Call once, before any op.
+void use_aten_cpu_kernels();
+
 // GPU name, driver and CUDA runtime versions of `device` (nulls on the CPU), torch version, vlatune commit.
 // `config` and `recipe_hash` are the caller's.
 formats::Environment capture_environment(torch::Device device, const std::string& config,

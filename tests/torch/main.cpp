@@ -4,7 +4,10 @@
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
+#include "trainer/environment.h"
+
 int main(int argc, char* argv[]) {
   torch::set_num_threads(2);
+  vlatune::trainer::use_aten_cpu_kernels();  // as the vlatune binary does
   return Catch::Session().run(argc, argv);
 }

@@ -166,8 +166,10 @@ struct TinySetup {
   }
 };
 
+// A guard against a hang (not a timing check): coreutils' timeout signals the whole process group, so the ranks
+// that `vlatune launch` started go too, instead of spinning on after the case failed.
 int run_vlatune(const std::string& args, const std::string& log) {
-  const std::string cmd = std::string(VLATUNE_BINARY) + " " + args + " > " + log + " 2>&1";
+  const std::string cmd = "timeout -k 10 300 " + std::string(VLATUNE_BINARY) + " " + args + " > " + log + " 2>&1";
   const int rc = std::system(cmd.c_str());
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
 }
