@@ -405,60 +405,90 @@ void check_options_consumed(AVDictionary* opts, const std::string& encoder, cons
 }
 
 // Encodes RGB24 frames as PNG files (bytes in memory).
-class PngEncoder {
+// Encodes RGB frames as the image cells of a parquet column: PNG (lossless) or JPEG (through yuvj420p, as PIL's
+// default JPEG writer subsamples chroma).
+class ImageEncoder {
  public:
-  PngEncoder(int64_t width, int64_t height) : width_(width), height_(height) {
-    const AVCodec* codec = find_encoder("png", "image storage");
+  ImageEncoder(const std::string& format, int64_t width, int64_t height)
+      : jpeg_(format == "jpeg"), width_(width), height_(height) {
+    const char* name = jpeg_ ? "mjpeg" : "png";
+    const std::string what = jpeg_ ? "JPEG frames" : "PNG frames";
+    const AVCodec* codec = find_encoder(name, "image storage");
     ctx_ = avcodec_alloc_context3(codec);
     frame_ = av_frame_alloc();
     pkt_ = av_packet_alloc();
-    if (!ctx_ || !frame_ || !pkt_) throw std::runtime_error("lerobot fixture: out of memory (png encoder)");
+    if (!ctx_ || !frame_ || !pkt_) throw std::runtime_error("lerobot fixture: out of memory (image encoder)");
     ctx_->width = static_cast<int>(width);
     ctx_->height = static_cast<int>(height);
-    ctx_->pix_fmt = AV_PIX_FMT_RGB24;
+    ctx_->pix_fmt = jpeg_ ? AV_PIX_FMT_YUVJ420P : AV_PIX_FMT_RGB24;
     ctx_->time_base = AVRational{1, 25};
     ctx_->thread_count = 1;
-    ctx_->compression_level = 1;  // zlib level 1, as LeRobot's image writer (PIL compress_level=1)
     AVDictionary* opts = nullptr;
-    av_dict_set(&opts, "pred", "paeth", 0);  // PIL-like filtering, so sizes resemble LeRobot's PNGs
+    if (jpeg_) {
+      ctx_->color_range = AVCOL_RANGE_JPEG;
+      ctx_->flags |= AV_CODEC_FLAG_QSCALE;
+      ctx_->global_quality = 2 * FF_QP2LAMBDA;
+    } else {
+      ctx_->compression_level = 1;             // zlib level 1, as LeRobot's image writer (PIL compress_level=1)
+      av_dict_set(&opts, "pred", "paeth", 0);  // PIL-like filtering, so sizes resemble LeRobot's PNGs
+    }
     const int ret = avcodec_open2(ctx_, codec, &opts);
     if (ret < 0) {
       av_dict_free(&opts);
-      av_fail("avcodec_open2(png)", "PNG frames", ret);
+      av_fail(std::string("avcodec_open2(") + name + ")", what, ret);
     }
-    check_options_consumed(opts, "png", "PNG frames");
-    frame_->format = AV_PIX_FMT_RGB24;
+    check_options_consumed(opts, name, what);
+    frame_->format = ctx_->pix_fmt;
     frame_->width = ctx_->width;
     frame_->height = ctx_->height;
-    if (const int r = av_frame_get_buffer(frame_, 0); r < 0) av_fail("av_frame_get_buffer", "PNG frames", r);
+    frame_->color_range = ctx_->color_range;
+    if (const int r = av_frame_get_buffer(frame_, 0); r < 0) av_fail("av_frame_get_buffer", what, r);
+    if (jpeg_) {
+      sws_ = sws_getContext(ctx_->width, ctx_->height, AV_PIX_FMT_RGB24, ctx_->width, ctx_->height, AV_PIX_FMT_YUVJ420P,
+                            SWS_BILINEAR | SWS_ACCURATE_RND, nullptr, nullptr, nullptr);
+      if (!sws_) av_fail("sws_getContext(rgb24->yuvj420p)", what, AVERROR(EINVAL));
+      const int* coeffs = sws_getCoefficients(SWS_CS_ITU601);
+      const int r = sws_setColorspaceDetails(sws_, coeffs, 1, coeffs, 1, 0, 1 << 16, 1 << 16);  // full -> full
+      if (r < 0) av_fail("sws_setColorspaceDetails", what, r);
+    }
   }
-  ~PngEncoder() {
+  ~ImageEncoder() {
+    sws_freeContext(sws_);
     av_packet_free(&pkt_);
     av_frame_free(&frame_);
     avcodec_free_context(&ctx_);
   }
-  PngEncoder(const PngEncoder&) = delete;
-  PngEncoder& operator=(const PngEncoder&) = delete;
+  ImageEncoder(const ImageEncoder&) = delete;
+  ImageEncoder& operator=(const ImageEncoder&) = delete;
 
   std::string encode(const std::vector<uint8_t>& rgb, const std::string& what) {
     if (int r = av_frame_make_writable(frame_); r < 0) av_fail("av_frame_make_writable", what, r);
-    for (int64_t y = 0; y < height_; ++y) {
-      std::memcpy(frame_->data[0] + y * frame_->linesize[0], rgb.data() + y * width_ * 3, width_ * 3);
+    if (jpeg_) {
+      const uint8_t* src[1] = {rgb.data()};
+      const int src_stride[1] = {static_cast<int>(width_ * 3)};
+      if (int r = sws_scale(sws_, src, src_stride, 0, static_cast<int>(height_), frame_->data, frame_->linesize); r < 0)
+        av_fail("sws_scale", what, r);
+    } else {
+      for (int64_t y = 0; y < height_; ++y) {
+        std::memcpy(frame_->data[0] + y * frame_->linesize[0], rgb.data() + y * width_ * 3, width_ * 3);
+      }
     }
     frame_->pts = pts_++;
-    if (int r = avcodec_send_frame(ctx_, frame_); r < 0) av_fail("avcodec_send_frame(png)", what, r);
+    if (int r = avcodec_send_frame(ctx_, frame_); r < 0) av_fail("avcodec_send_frame(image)", what, r);
     const int r = avcodec_receive_packet(ctx_, pkt_);
-    if (r < 0) av_fail("avcodec_receive_packet(png)", what, r);
+    if (r < 0) av_fail("avcodec_receive_packet(image)", what, r);
     std::string out(reinterpret_cast<const char*>(pkt_->data), pkt_->size);
     av_packet_unref(pkt_);
     return out;
   }
 
  private:
+  bool jpeg_;
   int64_t width_, height_, pts_ = 0;
   AVCodecContext* ctx_ = nullptr;
   AVFrame* frame_ = nullptr;
   AVPacket* pkt_ = nullptr;
+  SwsContext* sws_ = nullptr;
 };
 
 // Writes one MP4 with a single yuv420p video stream; frame i at pts i / fps.
@@ -767,7 +797,9 @@ void validate(const LeRobotFixture& f) {
   if (f.vector_layout != "fixed" && f.vector_layout != "list") bad("unknown vector_layout " + f.vector_layout);
   if (f.cameras.empty()) bad("no cameras");
   if (f.width < 2 || f.height < 2) bad("frame size too small");
-  if (f.storage == "video" && (f.width % 2 || f.height % 2)) bad("yuv420p video needs even width and height");
+  if (f.image_format != "png" && f.image_format != "jpeg") bad("unknown image_format " + f.image_format);
+  if ((f.storage == "video" || f.image_format == "jpeg") && (f.width % 2 || f.height % 2))
+    bad("4:2:0 chroma needs even width and height");
   if (f.state_dim < 1 || f.action_dim < 1) bad("state_dim and action_dim must be >= 1");
   if (f.fps < 1) bad("fps must be >= 1");
   if (f.episode_lengths.empty()) bad("no episodes");
@@ -981,7 +1013,8 @@ class DataFileWriter {
         for (int64_t i = 0; i < length; ++i) {
           check(sb.Append(), "image struct");
           check(bytes->Append(pngs[c][i]), "image bytes");
-          check(path->Append(fmt("frame_%06lld.png", i)), "image path");
+          check(path->Append(fmt(f_.image_format == "jpeg" ? "frame_%06lld.jpg" : "frame_%06lld.png", i)),
+                "image path");
         }
         cols.push_back(finish(sb, f_.cameras[c]));
       }
@@ -1102,7 +1135,7 @@ void write_lerobot_fixture(const LeRobotFixture& f) {
   if (av_log_get_level() > AV_LOG_ERROR) av_log_set_level(AV_LOG_ERROR);
   ::setenv("SVT_LOG", "1", 0);
   if (f.storage == "video") find_encoder(f.codec, "video storage");  // fail before creating anything
-  if (f.storage == "image") find_encoder("png", "image storage");
+  if (f.storage == "image") find_encoder(f.image_format == "jpeg" ? "mjpeg" : "png", "image storage");
   std::string dir = f.dir;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   make_parents(dir);  // the parents of dir ...
@@ -1117,8 +1150,8 @@ void write_lerobot_fixture(const LeRobotFixture& f) {
 
   StatsAccumulator total(f);
   std::vector<EpisodeRecord> records;
-  std::vector<std::unique_ptr<PngEncoder>> png(video ? 0 : ncam);  // one per camera: cameras encode in parallel
-  for (auto& p : png) p = std::make_unique<PngEncoder>(f.width, f.height);
+  std::vector<std::unique_ptr<ImageEncoder>> png(video ? 0 : ncam);  // one per camera: cameras encode in parallel
+  for (auto& p : png) p = std::make_unique<ImageEncoder>(f.image_format, f.width, f.height);
 
   int64_t global_index = 0;
   for (int64_t first = 0; first < episodes;) {

@@ -15,10 +15,11 @@
 namespace vlatune::testing {
 
 struct LeRobotFixture {
-  std::string dir;                  // written here (created; must not exist)
-  std::string version = "v2.1";     // "v2.0" | "v2.1" | "v3.0"
-  std::string storage = "image";    // "image": PNG bytes in parquet; "video": MP4 files
-  std::string codec = "libsvtav1";  // video encoder: "libsvtav1" (AV1, yuv420p) | "libx264" | "libx265"
+  std::string dir;                   // written here (created; must not exist)
+  std::string version = "v2.1";      // "v2.0" | "v2.1" | "v3.0"
+  std::string storage = "image";     // "image": PNG or JPEG bytes in parquet; "video": MP4 files
+  std::string image_format = "png";  // storage "image": "png" (lossless) | "jpeg" (baseline, 4:2:0, full range)
+  std::string codec = "libsvtav1";   // video encoder: "libsvtav1" (AV1, yuv420p) | "libx264" | "libx265"
   std::vector<std::string> cameras = {"image", "wrist_image"};  // feature keys
   std::string state_key = "state";
   std::string action_key = "actions";
@@ -68,6 +69,7 @@ int64_t fixture_video_first_frame(const LeRobotFixture& f, int64_t episode);
 // - Video: yuv420p, BT.601 limited range (tagged), time base 1/fps, frame i at pts i, GOP 2. libsvtav1 (preset 10,
 //   crf 30) needs width and height >= 64 with SVT-AV1 1.x; libx264 / libx265 use preset veryfast, crf 18.
 // - PNG: FFmpeg's png encoder, zlib level 1 (as LeRobot's PIL compress_level=1), paeth prediction.
+// - JPEG: FFmpeg's mjpeg encoder, yuvj420p (full-range BT.601, as JFIF and PIL), quantizer scale 2 (high quality).
 // - meta/stats.json (and v2.1 episodes_stats.jsonl, v3.0 stats/<feature>/<stat> columns): exact population
 //   statistics over every frame; v3.0 adds q01/q10/q50/q90/q99 (numpy linear interpolation). Images: per channel,
 //   in [0, 1], shaped [3][1][1].

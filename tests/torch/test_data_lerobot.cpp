@@ -275,6 +275,25 @@ TEST_CASE("a LeRobot v2.1 dataset with PNG frames imports pixel-exact, with open
   }
 }
 
+TEST_CASE("JPEG frames in the parquet import within a few levels, each nearest its own frame", "[data][lerobot]") {
+  TempTree tmp;
+  const auto model = train_tiny_tokenizer(tmp);
+  const PromptTokenizer tok(model);
+  for (const char* version : {"v2.1", "v3.0"}) {
+    INFO(version);
+    LeRobotFixture f;
+    f.dir = tmp / (std::string("jpeg_") + version);
+    f.version = version;
+    f.image_format = "jpeg";
+    f.episode_lengths = {5, 4};
+    vlatune::testing::write_lerobot_fixture(f);
+    const auto r = import(f, model, tmp / (std::string("out_jpeg_") + version));
+    // Lossy (quantized DCT, 4:2:0 chroma): a few levels per pixel on these smooth frames, as for video.
+    check_samples(f, *r.train, all_episodes(f), tok, 6.0);
+    check_norm_stats(f, r.train->manifest().norm, all_episodes(f), 4);
+  }
+}
+
 TEST_CASE("v2.0 and v3.0 datasets import the same samples; v3.0 reads many episodes per file", "[data][lerobot]") {
   TempTree tmp;
   const auto model = train_tiny_tokenizer(tmp);
