@@ -151,7 +151,7 @@ std::vector<MetricsRow> parse_metrics(const std::string& text, const std::string
 }
 
 std::vector<MetricsRow> read_metrics(const std::string& path) {
-  return parse_metrics(read_text_file(path), path);
+  return parse_metrics(read_text_file(path, kMaxMetricsFileBytes), path);
 }
 
 void write_metrics(const std::vector<MetricsRow>& rows, const std::string& path) {
@@ -187,14 +187,14 @@ MetricsWriter::~MetricsWriter() {
 
 MetricsWriter MetricsWriter::create(const std::string& path) {
   std::FILE* f = std::fopen(path.c_str(), "w");
-  if (!f) throw FormatError(path, "", std::string("cannot create: ") + std::strerror(errno));
+  if (!f) throw WriteError(path, std::string("cannot create: ") + std::strerror(errno));
   MetricsWriter w(path, f, -1, 0);
   w.write_line(header_json().dump());
   return w;
 }
 
 MetricsWriter MetricsWriter::resume(const std::string& path, int64_t last_step) {
-  std::vector<Line> lines = split_lines(read_text_file(path));
+  std::vector<Line> lines = split_lines(read_text_file(path, kMaxMetricsFileBytes));
   bool dropped = false;
   if (!lines.empty() && !lines.back().terminated) {
     lines.pop_back();
@@ -208,7 +208,7 @@ MetricsWriter MetricsWriter::resume(const std::string& path, int64_t last_step) 
   }
   if (dropped) write_file_atomic(path, metrics_text(rows));
   std::FILE* f = std::fopen(path.c_str(), "a");
-  if (!f) throw FormatError(path, "", std::string("cannot open for appending: ") + std::strerror(errno));
+  if (!f) throw WriteError(path, std::string("cannot open for appending: ") + std::strerror(errno));
   return MetricsWriter(path, f, rows.empty() ? -1 : rows.back().step, static_cast<int64_t>(rows.size()) + 1);
 }
 
@@ -226,10 +226,10 @@ void MetricsWriter::append(const MetricsRow& row) {
 }
 
 void MetricsWriter::write_line(const std::string& line) {
-  if (!file_) throw FormatError(path_, "", "writer is closed (moved from)");
+  if (!file_) throw WriteError(path_, "writer is closed (moved from)");
   const std::string text = line + "\n";
   if (std::fwrite(text.data(), 1, text.size(), file_) != text.size() || std::fflush(file_) != 0) {
-    throw FormatError(path_, "", std::string("write failed: ") + std::strerror(errno));
+    throw WriteError(path_, std::string("write failed: ") + std::strerror(errno));
   }
   ++lines_;
 }

@@ -31,6 +31,8 @@
 namespace vlatune::formats {
 
 inline constexpr const char* kMetricsSchema = "vlatune.metrics/1";
+// About five million rows: the largest metrics file the readers accept.
+inline constexpr uint64_t kMaxMetricsFileBytes = 1ull << 30;
 
 struct MetricsRow {
   int64_t step = 0;
@@ -65,7 +67,7 @@ void write_metrics(const std::vector<MetricsRow>& rows, const std::string& path)
 // line being written, which resume() then drops). Move-only; the destructor closes the file.
 class MetricsWriter {
  public:
-  // Creates (or truncates) `path` and writes the header.
+  // Creates (or truncates) `path` and writes the header. Write failures (disk full, ...) are formats::WriteError.
   static MetricsWriter create(const std::string& path);
   // Continues the file of a run resumed from the checkpoint taken after step `last_step`: validates the existing
   // lines, drops a torn last line (no '\n': the process died while writing it) and the rows after `last_step`

@@ -1,5 +1,7 @@
 #include "formats/profile.h"
 
+#include <sys/stat.h>
+
 #include <cmath>
 #include <set>
 
@@ -373,6 +375,12 @@ Profile parse_profile(const nlohmann::json& j, const std::string& file) {
 
 Profile read_profile(const std::string& path) {
   return parse_profile(read_json_file(path), path);
+}
+
+std::string profile_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return path;
+  return path + (!path.empty() && path.back() == '/' ? "" : "/") + "profile.json";
 }
 
 nlohmann::json profile_to_json(const Profile& p) {

@@ -203,6 +203,9 @@ struct Profile {
 // data_wait_ms_samples as many as step_ms_samples.
 Profile parse_profile(const nlohmann::json& j, const std::string& file);
 Profile read_profile(const std::string& path);
+// The profile.json a user means by `path`: DIR/profile.json for a directory (what `vlatune profile --out DIR`
+// writes), otherwise `path` itself.
+std::string profile_file(const std::string& path);
 nlohmann::json profile_to_json(const Profile& profile);
 // Validates (as the reader would) and writes atomically.
 void write_profile(const Profile& profile, const std::string& path);

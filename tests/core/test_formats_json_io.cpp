@@ -1,10 +1,14 @@
-// Shared JSON plumbing: file errors, syntax positions, duplicate keys, strict typed access, atomic writes.
+// Shared JSON and file plumbing: file errors, syntax positions, numbers out of range, nesting, duplicate keys,
+// strict typed access; regular files only and size bounds on input; atomic writes, long names and failed writes.
 #include <catch2/catch.hpp>
 
+#include "file_size_limit.h"
 #include "temp_dir.h"
 
+#include <fcntl.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -13,6 +17,10 @@
 #include "formats/json_cursor.h"
 #include "formats/json_error.h"
 #include "formats/json_io.h"
+#include "formats/metrics_jsonl.h"
+#include "formats/profile.h"
+#include "formats/recipe.h"
+#include "formats/run_record.h"
 
 using namespace vlatune::formats;
 using nlohmann::json;
@@ -101,4 +109,113 @@ TEST_CASE("An atomic write replaces the file and leaves no temporary behind", "[
 TEST_CASE("An atomic write into a missing directory names the file", "[formats][json_io]") {
   CHECK_THROWS_WITH(write_file_atomic("/nonexistent/dir/out.json", "x"),
                     Catch::StartsWith("/nonexistent/dir/out.json: cannot create a temporary file"));
+  CHECK_THROWS_AS(write_file_atomic("/nonexistent/dir/out.json", "x"), WriteError);
+}
+
+TEST_CASE("A number beyond a double is refused at its JSON path, not thrown past the readers", "[formats][json_io]") {
+  CHECK(json_path_of(R"({"predicted": {"step_ms": 1e400}})") == "$.predicted.step_ms");
+  CHECK(json_path_of(R"({"a": [1, 2, -1e400]})") == "$.a[2]");
+  CHECK_THROWS_WITH(parse_json_text("[1e400]", "x.json"),
+                    Catch::StartsWith("x.json: $[0]: ") && Catch::Contains("1e400"));
+  // Every reader: a FormatError (exit 4), never another exception (exit 1).
+  CHECK_THROWS_AS(parse_recipe(parse_json_text(R"({"predicted": {"step_ms": 1e400}})", "r.json"), "r.json"),
+                  FormatError);
+  CHECK_THROWS_AS(parse_metrics("{\"schema\":\"vlatune.metrics/1\"}\n{\"step\": 1e999}\n", "m.jsonl"), FormatError);
+  // Tiny numbers underflow to 0 and huge integers become doubles: valid JSON, judged by the readers' ranges.
+  CHECK(parse_json_text("[1e-400]", "x.json")[0].get<double>() == 0.0);
+  CHECK(parse_json_text("[18446744073709551616]", "x.json")[0].is_number_float());
+}
+
+TEST_CASE("JSON nested deeper than the limit is refused at once", "[formats][json_io]") {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  CHECK_THROWS_WITH(parse_json_text(deep, "deep.json"), Catch::Contains("nested deeper than 64 levels"));
+  std::string ok = std::string(kMaxJsonDepth, '[') + std::string(kMaxJsonDepth, ']');
+  CHECK_NOTHROW(parse_json_text(ok, "ok.json"));
+  CHECK_THROWS_AS(parse_json_text("[" + ok + "]", "x.json"), FormatError);
+}
+
+TEST_CASE("Readers take regular files only: a FIFO, /dev/zero or a directory is refused without blocking",
+          "[formats][json_io]") {
+  TempDir dir("json_io_special");
+  const std::string fifo = dir.file("fifo.json");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  // Without O_NONBLOCK, opening a FIFO that has no writer would wait here forever.
+  CHECK_THROWS_WITH(read_recipe(fifo), Catch::StartsWith(fifo + ": is a FIFO (named pipe), not a regular file"));
+  CHECK_THROWS_AS(read_profile(fifo), FormatError);
+  CHECK_THROWS_AS(read_run_record(fifo), FormatError);
+  CHECK_THROWS_AS(read_metrics(fifo), FormatError);
+  CHECK_THROWS_WITH(read_json_file("/dev/zero"), Catch::Contains("is a character device, not a regular file"));
+  CHECK_THROWS_WITH(read_text_file(dir.path), Catch::Contains("is a directory"));
+}
+
+TEST_CASE("A JSON input larger than its bound is refused before it is read", "[formats][json_io]") {
+  TempDir dir("json_io_big");
+  const std::string big = dir.file("big.json");
+  { std::ofstream(big) << "{}"; }
+  REQUIRE(::truncate(big.c_str(), static_cast<off_t>(kMaxJsonFileBytes + 1)) == 0);  // sparse: no disk used
+  CHECK_THROWS_WITH(read_recipe(big), Catch::Contains(std::to_string(kMaxJsonFileBytes + 1) + " bytes is more than"));
+  CHECK_THROWS_WITH(read_text_file(big, 1 << 20), Catch::Contains("1048576-byte limit"));
+  REQUIRE(::truncate(big.c_str(), 2) == 0);
+  CHECK(read_text_file(big, 2) == "{}");
+}
+
+TEST_CASE("An atomic write works for a file name of 255 bytes, the longest a name can be", "[formats][json_io]") {
+  TempDir dir("json_io_long");
+  for (size_t len : {size_t{240}, size_t{250}, size_t{255}}) {
+    INFO("name of " << len << " bytes");
+    const std::string path = dir.file(std::string(len - 5, 'r') + ".json");
+    write_file_atomic(path, "{}\n");
+    CHECK(read_text_file(path) == "{}\n");
+    write_file_atomic(path, "[]\n");  // and over an existing one
+    CHECK(read_text_file(path) == "[]\n");
+    CHECK(temp_name_beside(path).size() - dir.path.size() - 1 <= 255);
+  }
+  size_t entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path)) {
+    (void)e;
+    ++entries;
+  }
+  CHECK(entries == 3);
+}
+
+TEST_CASE("A write that fails (disk full) is a WriteError naming the file and the OS error, and leaves no file",
+          "[formats][json_io]") {
+  TempDir dir("json_io_full");
+  const std::string path = dir.file("recipe.json");
+  write_file_atomic(path, "old\n");
+  {
+    vlatune::test::FileSizeLimit limit(64);
+    try {
+      write_file_atomic(path, std::string(4096, 'x'));
+      FAIL("the write did not fail");
+    } catch (const WriteError& e) {
+      CHECK(e.file() == path);
+      CHECK_THAT(std::string(e.what()), Catch::StartsWith(path + ": write failed: File too large"));
+    }
+    CHECK_THROWS_AS(write_recipe(Recipe{}, dir.file("new.json")), WriteError);
+  }
+  CHECK(read_text_file(path) == "old\n");  // the old file is intact
+  size_t entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path)) {
+    (void)e;
+    ++entries;
+  }
+  CHECK(entries == 1);  // no temporary file, no partial new.json
+}
+
+TEST_CASE("same_file tells an output that is one of the inputs, under any spelling", "[formats][json_io]") {
+  TempDir dir("json_io_same");
+  const std::string a = dir.file("a.json");
+  write_file_atomic(a, "{}");
+  CHECK(same_file(a, a));
+  CHECK(same_file(a, dir.path + "//a.json"));
+  std::filesystem::create_directory(dir.file("sub"));
+  CHECK(same_file(a, dir.path + "/./sub/../a.json"));
+  REQUIRE(::symlink(a.c_str(), dir.file("link.json").c_str()) == 0);
+  CHECK(same_file(a, dir.file("link.json")));
+  CHECK_FALSE(same_file(a, dir.file("b.json")));
+  CHECK(same_file(dir.file("new.json"), dir.path + "/sub/../new.json"));  // neither exists yet
+  CHECK(available_bytes(dir.file("not/yet/there")) > 0);
+  CHECK_THROWS_WITH(require_free_space(dir.path, uint64_t{1} << 62, "a dataset"),
+                    Catch::Contains("a dataset needs about") && Catch::Contains("available"));
 }
