@@ -1,6 +1,8 @@
 // safetensors reader and writer. Layout and validation rules: model/safetensors_io.h.
 #include "model/safetensors_io.h"
 
+#include "formats/file_io.h"
+
 #include <ATen/ops/empty.h>
 #include <c10/core/ScalarType.h>
 #include <nlohmann/json.hpp>
@@ -86,18 +88,6 @@ bool pread_all(int fd, void* dst, uint64_t n, uint64_t offset) {
   return true;
 }
 
-bool write_all(int fd, const void* src, uint64_t n) {
-  const auto* p = static_cast<const char*>(src);
-  while (n > 0) {
-    // Linux writes at most 0x7ffff000 bytes per call; larger requests just come back short.
-    ssize_t put = ::write(fd, p, n);
-    if (put < 0 && errno == EINTR) continue;
-    if (put <= 0) return false;
-    p += put, n -= static_cast<uint64_t>(put);
-  }
-  return true;
-}
-
 class FdGuard {
  public:
   explicit FdGuard(int fd) : fd_(fd) {}
@@ -107,7 +97,6 @@ class FdGuard {
   FdGuard(const FdGuard&) = delete;
   FdGuard& operator=(const FdGuard&) = delete;
   int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
 
  private:
   int fd_;
@@ -184,11 +173,12 @@ struct SafetensorsFile::Mapping {
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
   auto fail = [&](const std::string& reason) { return SafetensorsError(path, reason); };
 
-  FdGuard fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever; it is refused below.
+  FdGuard fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
   if (fd.get() < 0) throw fail("cannot open: " + errno_str(errno));
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) throw fail("cannot stat: " + errno_str(errno));
-  if (!S_ISREG(st.st_mode)) throw fail("not a regular file");
+  if (!S_ISREG(st.st_mode)) throw fail("not a regular file (a FIFO, device, socket or directory)");
   const auto file_size = static_cast<uint64_t>(st.st_size);
 
   if (file_size < 8) {
@@ -398,20 +388,11 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   uint8_t len_bytes[8];
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
 
-  // Atomic replace: write a temporary file beside the target, fsync it, rename it over the target, fsync the
-  // directory. A crash leaves either the old file or the new one, never a torn checkpoint.
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  FdGuard fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) throw fail("cannot create the temporary file '" + tmp + "': " + errno_str(errno));
-  auto fail_tmp = [&](const std::string& reason) {
-    int err = errno;
-    ::close(fd.release());
-    ::unlink(tmp.c_str());
-    return fail(reason + (err ? ": " + errno_str(err) : ""));
-  };
-  if (!write_all(fd.get(), len_bytes, 8) || !write_all(fd.get(), text.data(), text.size())) {
-    throw fail_tmp("cannot write the header to '" + tmp + "'");
-  }
+  // Atomic replace (formats::AtomicFile): a crash or a failed write leaves either the old file or the new one, never
+  // a torn checkpoint; write failures (disk full, ...) are formats::WriteError naming the file and the OS error.
+  formats::AtomicFile out(path);
+  out.write(len_bytes, 8);
+  out.write(text.data(), text.size());
   for (const auto& it : items) {
     if (it.nbytes == 0) continue;
     // One tensor at a time on the host: saving a GPU model never needs a second full copy in host memory.
@@ -419,28 +400,11 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
     try {
       cpu = it.tensor->detach().to(at::kCPU).resolve_conj().resolve_neg().contiguous();
     } catch (const std::exception& e) {
-      errno = 0;
-      throw fail_tmp("tensor '" + *it.name + "': cannot copy to the CPU: " + e.what());
+      throw fail("tensor '" + *it.name + "': cannot copy to the CPU: " + e.what());  // `out` removes its file
     }
-    if (!write_all(fd.get(), cpu.data_ptr(), it.nbytes)) {
-      throw fail_tmp("cannot write tensor '" + *it.name + "' to '" + tmp + "'");
-    }
+    out.write(cpu.data_ptr(), it.nbytes);
   }
-  if (::fsync(fd.get()) != 0) throw fail_tmp("cannot fsync '" + tmp + "'");
-  if (::close(fd.release()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    throw fail("cannot close '" + tmp + "': " + errno_str(err));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    throw fail("cannot rename '" + tmp + "' over it: " + errno_str(err));
-  }
-  const auto slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  FdGuard dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dfd.get() >= 0) ::fsync(dfd.get());  // best effort: the data itself is already durable
+  out.commit();
 }
 
 }  // namespace vlatune::model

@@ -72,11 +72,13 @@ class SafetensorsFile {
 };
 
 // Writes `tensors` (any device, any strides; each is copied to a contiguous CPU tensor one at a time) and
-// `metadata` to `path` atomically: a temporary file in the same directory, fsync, rename over `path`.
+// `metadata` to `path` atomically (formats::AtomicFile: a temporary file in the same directory, fsync, rename over
+// `path`; a failed write removes it and throws formats::WriteError naming the file and the OS error).
 // The header is padded with spaces so that the buffer starts 8-byte aligned. The data is laid out without gaps
 // (the reference implementation rejects gaps), ordered by element size, largest first, and otherwise in the order
 // given: every tensor is then aligned to its element size. Names must be unique, non-empty and not
-// "__metadata__"; dtypes must be supported; tensors must be dense. Violations throw SafetensorsError.
+// "__metadata__"; dtypes must be supported; tensors must be dense. Violations throw SafetensorsError, before
+// anything is written.
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 

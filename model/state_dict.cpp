@@ -9,6 +9,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "model/pi05.h"
+
 namespace vlatune::model {
 
 namespace {
@@ -48,13 +50,42 @@ void append_list(std::ostringstream& os, const char* what, const std::vector<std
   if (names.size() > kSummaryListMax) os << " ... (" << names.size() - kSummaryListMax << " more)";
 }
 
+// "tiny" or "full" when `cfg` is one of the named configs, else "".
+std::string config_name(const Pi05Config& cfg) {
+  auto same_gemma = [](const GemmaConfig& a, const GemmaConfig& b) {
+    return a.width == b.width && a.depth == b.depth && a.mlp == b.mlp && a.heads == b.heads &&
+           a.kv_heads == b.kv_heads && a.head_dim == b.head_dim && a.vocab == b.vocab;
+  };
+  for (const char* name : {"tiny", "full"}) {
+    const Pi05Config n = Pi05Config::named(name);
+    const VisionConfig &v = cfg.vision, &w = n.vision;
+    if (v.width == w.width && v.depth == w.depth && v.mlp == w.mlp && v.heads == w.heads && v.patch == w.patch &&
+        v.image == w.image && same_gemma(cfg.backbone, n.backbone) && same_gemma(cfg.expert, n.expert) &&
+        cfg.action_dim == n.action_dim)
+      return name;
+  }
+  return "";
+}
+
+// The named config of `module` when it is a Pi0.5 of one, else "".
+std::string module_config_name(const torch::nn::Module& module) {
+  const auto* pi05 = dynamic_cast<const Pi05Impl*>(&module);
+  return pi05 == nullptr ? std::string() : config_name(pi05->config());
+}
+
 }  // namespace
 
 std::string LoadReport::summary() const {
   std::ostringstream os;
-  os << file << ": loaded " << loaded.size() << " of " << loaded.size() + missing.size() + shape_mismatched.size()
-     << " tensors";
+  const size_t total = matched.size() + missing.size() + shape_mismatched.size();
+  if (loaded.empty() && !matched.empty()) {
+    os << file << ": " << matched.size() << " of " << total << " tensors match by name and shape, nothing loaded";
+  } else {
+    os << file << ": loaded " << loaded.size() << " of " << total << " tensors";
+  }
   if (!stripped_prefix.empty()) os << " (file keys carry the prefix '" << stripped_prefix << "', stripped)";
+  if (matched.empty() && !shape_mismatched.empty())
+    os << " (no tensor has the model's shape: weights of another model config?)";
   append_list(os, "missing", missing);
   append_list(os, "unexpected", unexpected);
   append_list(os, "shape mismatched", shape_mismatched);
@@ -66,6 +97,12 @@ StateDictError::StateDictError(LoadReport report)
 
 LoadReport load_state_dict(torch::nn::Module& module, const std::string& path, bool strict) {
   const SafetensorsFile file = SafetensorsFile::open(path);
+  const std::string expected_config = module_config_name(module);
+  const auto config = file.metadata().find(kConfigMetadataKey);
+  if (!expected_config.empty() && config != file.metadata().end() && config->second != expected_config)
+    throw SafetensorsError(path, "weights of the '" + config->second + "' config (its metadata " + kConfigMetadataKey +
+                                     "), but the model is the '" + expected_config + "' config: choose --config " +
+                                     config->second + " or weights of " + expected_config);
   LoadReport report;
   report.file = path;
 
@@ -99,10 +136,12 @@ LoadReport load_state_dict(torch::nn::Module& module, const std::string& path, b
       continue;
     }
     matched.emplace_back(name, &e);
+    report.matched.push_back(name);
   }
   for (const auto& [name, t] : targets) {
     if (claimed.count(name) == 0) report.missing.push_back(name);
   }
+  std::sort(report.matched.begin(), report.matched.end());
   if (strict && !report.ok()) {
     std::sort(report.missing.begin(), report.missing.end());
     std::sort(report.unexpected.begin(), report.unexpected.end());
@@ -125,7 +164,10 @@ LoadReport load_state_dict(torch::nn::Module& module, const std::string& path, b
 
 void save_state_dict(const torch::nn::Module& module, const std::string& path,
                      const std::map<std::string, std::string>& metadata) {
-  write_safetensors(path, named_tensors(module), metadata);
+  std::map<std::string, std::string> meta = metadata;
+  const std::string config = module_config_name(module);
+  if (!config.empty()) meta.emplace(kConfigMetadataKey, config);  // keeps a value the caller set
+  write_safetensors(path, named_tensors(module), meta);
 }
 
 }  // namespace vlatune::model

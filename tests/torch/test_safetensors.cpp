@@ -4,6 +4,8 @@
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
+#include "../core/file_size_limit.h"
+#include "formats/file_io.h"
 #include "model/safetensors_io.h"
 #include "model/state_dict.h"
 
@@ -247,7 +249,14 @@ TEST_CASE("The writer rejects what it cannot store, naming the tensor and the fi
   CHECK_THAT(msg, Contains("reserved"));
   msg = error_of([&] { write_safetensors(path, {{"u", torch::Tensor()}}); });
   CHECK_THAT(msg, Contains("'u' is undefined"));
-  msg = error_of([&] { write_safetensors(tmp / "no/such/dir/x.safetensors", {{"w", torch::ones({2})}}); });
+  // An output that cannot be written is a failed write (formats::WriteError, exit 1), not a bad file.
+  CHECK_THROWS_AS(write_safetensors(tmp / "no/such/dir/x.safetensors", {{"w", torch::ones({2})}}),
+                  vlatune::formats::WriteError);
+  try {
+    write_safetensors(tmp / "no/such/dir/x.safetensors", {{"w", torch::ones({2})}});
+  } catch (const vlatune::formats::WriteError& e) {
+    msg = e.what();
+  }
   CHECK_THAT(msg, Contains("no/such/dir/x.safetensors") && Contains("cannot create"));
   CHECK(tmp.names().empty());  // neither the file nor a temporary one left behind
 }
@@ -511,4 +520,25 @@ TEST_CASE("A corrupt file fails load_state_dict with the file's error, leaving t
   TinyNet dst;
   auto msg = error_of([&] { load_state_dict(dst, path, /*strict=*/false); });
   CHECK_THAT(msg, Contains(path) && Contains("out of range"));
+}
+
+TEST_CASE("A FIFO is refused at once, and a write that fails half way leaves neither the file nor a temporary one",
+          "[safetensors]") {
+  TempDir tmp;
+  const std::string fifo = tmp / "fifo.safetensors";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THAT(open_error(fifo), Contains(fifo) && Contains("not a regular file"));  // no writer: used to block
+  ::unlink(fifo.c_str());
+
+  const std::string path = tmp / "w.safetensors";
+  {
+    vlatune::test::FileSizeLimit limit(4096);  // as a full disk: every write past 4 KiB fails
+    try {
+      write_safetensors(path, {{"w", torch::ones({4096})}});
+      FAIL("the write did not fail");
+    } catch (const vlatune::formats::WriteError& e) {
+      CHECK_THAT(std::string(e.what()), Contains(path) && Contains("File too large"));
+    }
+  }
+  CHECK(tmp.names().empty());
 }
