@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <stdexcept>
@@ -97,6 +98,38 @@ void check_header(const std::string& file, const uint8_t* h, const RecordLayout&
   const auto sections = layout_sections(l);
   for (size_t i = 0; i < sections.size(); ++i)
     expect("section offset", get<uint64_t>(h, kOffSections + 8 * i), static_cast<uint64_t>(sections[i]));
+}
+
+// Every record of a verified shard, field by field: a checksum proves the bytes are the ones written, not that the
+// writer wrote sense. An out-of-vocabulary token id would otherwise surface as an index error deep inside the
+// embedding, and a NaN action as a NaN loss many steps later.
+void check_records(const std::string& file, const uint8_t* records, int64_t first_sample, const ShardInfo& shard,
+                   const DatasetManifest& m) {
+  const RecordLayout& l = m.layout;
+  const int64_t vocab = m.tokenizer.vocab_size;
+  for (int64_t i = 0; i < shard.samples; ++i) {
+    const uint8_t* rec = records + i * l.record_bytes();
+    auto fail = [&](const std::string& why) {
+      throw FormatError(
+          file, "",
+          "sample " + std::to_string(i) + " (dataset index " + std::to_string(first_sample + i) + "): " + why);
+    };
+    const auto token_len = get<int32_t>(rec, static_cast<size_t>(l.token_len_offset()));
+    if (token_len < 0 || token_len > l.text_len)
+      fail("token_len " + std::to_string(token_len) + " outside 0.." + std::to_string(l.text_len) + " (text_len)");
+    for (int64_t t = 0; t < l.text_len; ++t) {
+      const auto id = get<int32_t>(rec, static_cast<size_t>(l.tokens_offset() + 4 * t));
+      if (id < 0 || id >= vocab)
+        fail("token " + std::to_string(t) + " is " + std::to_string(id) + ", outside the vocabulary 0.." +
+             std::to_string(vocab - 1) + " (manifest.json $.tokenizer.vocab_size)");
+    }
+    for (int64_t k = 0; k < l.horizon * l.action_dim; ++k)
+      if (!std::isfinite(get<float>(rec, static_cast<size_t>(l.actions_offset() + 4 * k))))
+        fail("action value " + std::to_string(k) + " is not finite");
+    for (int64_t k = 0; k < l.state_dim; ++k)
+      if (!std::isfinite(get<float>(rec, static_cast<size_t>(l.state_offset() + 4 * k))))
+        fail("state value " + std::to_string(k) + " is not finite");
+  }
 }
 
 bool is_checksum_text(const std::string& s) {
@@ -338,7 +371,7 @@ std::shared_ptr<const Dataset> Dataset::open(const std::string& dir) {
   auto verify = [&](size_t i) {
     const auto& shard = m.shards[i];
     const std::string path = join_path(dir, shard.file);
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // a FIFO must not block: refused below
     if (fd < 0) {
       const std::string why = errno == ENOENT
                                   ? "missing shard file (listed in manifest.json $.shards[" + std::to_string(i) + "])"
@@ -346,7 +379,10 @@ std::shared_ptr<const Dataset> Dataset::open(const std::string& dir) {
       throw FormatError(path, "", why);
     }
     struct stat st {};
-    ::fstat(fd, &st);
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      throw FormatError(path, "", "not a regular file");
+    }
     if (st.st_size != shard.bytes) {
       ::close(fd);
       throw FormatError(path, "",
@@ -366,6 +402,9 @@ std::shared_ptr<const Dataset> Dataset::open(const std::string& dir) {
       throw FormatError(path, "",
                         "checksum " + actual + " does not match manifest.json's " + shard.checksum +
                             " (the file is corrupt or was modified)");
+    int64_t first = 0;
+    for (size_t k = 0; k < i; ++k) first += m.shards[k].samples;
+    check_records(path, static_cast<const uint8_t*>(base) + kShardHeaderBytes, first, shard, m);
   };
   const size_t threads = std::min<size_t>(m.shards.size(), std::max(1u, std::thread::hardware_concurrency()));
   std::vector<std::thread> pool;

@@ -10,8 +10,9 @@
 // The manifest lists each shard's file, samples, bytes and XXH64 of the whole file (header included).
 //
 // Dataset::open verifies everything before a step runs: schema, the manifest's own consistency, every shard's
-// presence, size, header (magic, version, layout, count) and checksum. Every failure is a formats::FormatError
-// naming the file (manifest or shard) and the reason.
+// presence, size, header (magic, version, layout, count) and checksum, and every record (token_len in
+// 0..text_len, token ids in 0..vocab_size-1, finite actions and state). Every failure is a formats::FormatError
+// naming the file (manifest or shard), the sample where one is involved, and the reason.
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,10 @@
 #include "trainer/synthetic.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <vector>
 
+#include "formats/file_io.h"
 #include "trainer/rng.h"
 
 namespace vlatune::trainer {
@@ -31,9 +33,11 @@ std::pair<int64_t, int64_t> parse_prompt_range(const std::string& text) {
     const int64_t lo = std::stoll(text.substr(0, colon), &used_lo);
     const int64_t hi = std::stoll(text.substr(colon + 1), &used_hi);
     if (used_lo != colon || used_hi != text.size() - colon - 1) throw std::invalid_argument("trailing text");
+    if (lo < 0 || lo > hi) throw std::invalid_argument("not 0 <= MIN <= MAX");
     return {lo, hi};
   } catch (const std::logic_error&) {
-    throw std::invalid_argument("prompt length range: expected MIN:MAX (e.g. 20:199), got \"" + text + "\"");
+    throw std::invalid_argument("prompt length range: expected MIN:MAX with 0 <= MIN <= MAX (e.g. 20:199), got \"" +
+                                text + "\"");
   }
 }
 
@@ -58,8 +62,13 @@ DatasetManifest write_synthetic_dataset(const SynthOptions& o) {
   m.source = {
       {"kind", "synthetic"}, {"config", o.config}, {"seed", o.seed}, {"prompt_len", {o.min_prompt, o.max_prompt}}};
 
-  DatasetWriter writer(o.out, m, o.samples, o.shard_bytes);
+  // Before any byte is written: a dataset that fills the disk half way is a failed run with a mess to clean up.
   const auto& l = m.layout;
+  const int64_t per_shard = std::max<int64_t>(1, o.shard_bytes / l.record_bytes());
+  const int64_t shards = (o.samples + per_shard - 1) / per_shard;
+  formats::require_free_space(o.out, static_cast<uint64_t>(o.samples * l.record_bytes() + shards * kShardHeaderBytes),
+                              "a dataset of " + std::to_string(o.samples) + " samples");
+  DatasetWriter writer(o.out, m, o.samples, o.shard_bytes);
   std::vector<int32_t> tokens(l.text_len);
   std::vector<float> actions(l.horizon * l.action_dim), state(l.state_dim);
   std::vector<std::vector<uint8_t>> images(l.cameras, std::vector<uint8_t>(l.image_bytes()));

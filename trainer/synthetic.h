@@ -33,10 +33,12 @@ struct SynthOptions {
 // Writes the dataset; sample i depends only on (seed, i), so the bytes are the same for a seed on any machine.
 // Raw actions and states are uniform in [-1, 1] and the stored statistics are that support (q01 = -1,
 // q99 = 1), normalized with the same formula an import uses. Throws std::invalid_argument for bad options
-// (naming the option), std::runtime_error for I/O.
+// (naming the option), std::runtime_error for I/O: formats::WriteError, before anything is written, when the
+// filesystem has too little space for the dataset.
 DatasetManifest write_synthetic_dataset(const SynthOptions& options);
 
-// Parses "MIN:MAX" (the --prompt-len value); throws std::invalid_argument with the expected form.
+// Parses "MIN:MAX" (the --prompt-len value) with 0 <= MIN <= MAX; throws std::invalid_argument with the expected
+// form.
 std::pair<int64_t, int64_t> parse_prompt_range(const std::string& text);
 
 class SyntheticSource : public DataSource {

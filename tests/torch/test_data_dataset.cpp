@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -257,4 +258,53 @@ TEST_CASE("the dataset writer refuses to write into a directory that holds files
   CHECK(parse_prompt_range("20:199") == std::pair<int64_t, int64_t>{20, 199});
   CHECK_THROWS_WITH(parse_prompt_range("20-199"), Contains("MIN:MAX"));
   CHECK_THROWS_AS(parse_prompt_range("20:1x"), std::invalid_argument);
+}
+
+namespace {
+
+// Rewrites `edit`ed bytes of shard `s` and the manifest's checksum of it, as a hostile or buggy writer would: the
+// checksum then vouches for the bytes, and only the record checks stand between them and a training step.
+void rewrite_shard(const std::string& dir, const DatasetManifest& m, size_t s,
+                   const std::function<void(std::string&)>& edit) {
+  const std::string path = dir + "/" + m.shards[s].file;
+  std::string bytes = vlatune::test::read_file_bytes(path);
+  edit(bytes);
+  vlatune::test::write_file_bytes(path, bytes);
+  edit_manifest(
+      dir, [&](nlohmann::json& j) { j["shards"][s]["checksum"] = format_checksum(xxh64(bytes.data(), bytes.size())); });
+}
+
+}  // namespace
+
+TEST_CASE("records are validated on open: token ids, token_len and values, naming the shard and the sample", "[data]") {
+  TempTree tmp;
+  const std::string dir = tmp / "ds";
+  const auto m = write_synthetic_dataset(small_synth(dir, 1));
+  const RecordLayout& l = m.layout;
+  const std::string shard1 = dir + "/" + m.shards[1].file;
+  // Sample 1 of shard 1 is dataset sample 4 (3 samples per shard).
+  const int64_t rec = kShardHeaderBytes + 1 * l.record_bytes();
+  auto put_i32 = [](std::string& bytes, int64_t at, int32_t v) { std::memcpy(&bytes[static_cast<size_t>(at)], &v, 4); };
+
+  SECTION("a token id outside the vocabulary") {
+    rewrite_shard(dir, m, 1, [&](std::string& b) { put_i32(b, rec + l.tokens_offset() + 4 * 2, 9999); });
+    CHECK_THAT(open_error(dir), Contains(shard1) && Contains("sample 1 (dataset index 4)") &&
+                                    Contains("token 2 is 9999, outside the vocabulary 0..511"));
+  }
+  SECTION("a negative token id") {
+    rewrite_shard(dir, m, 1, [&](std::string& b) { put_i32(b, rec + l.tokens_offset(), -3); });
+    CHECK_THAT(open_error(dir), Contains("token 0 is -3"));
+  }
+  SECTION("a token_len beyond text_len, or negative") {
+    rewrite_shard(dir, m, 1, [&](std::string& b) { put_i32(b, rec + l.token_len_offset(), 201); });
+    CHECK_THAT(open_error(dir), Contains(shard1) && Contains("token_len 201 outside 0..200"));
+    rewrite_shard(dir, m, 1, [&](std::string& b) { put_i32(b, rec + l.token_len_offset(), -1); });
+    CHECK_THAT(open_error(dir), Contains("token_len -1"));
+  }
+  SECTION("a non-finite action or state value") {
+    const float nan = std::nanf("");
+    rewrite_shard(dir, m, 1,
+                  [&](std::string& b) { std::memcpy(&b[static_cast<size_t>(rec + l.actions_offset() + 8)], &nan, 4); });
+    CHECK_THAT(open_error(dir), Contains("action value 2 is not finite"));
+  }
 }
