@@ -4,7 +4,22 @@
 
 #include <exception>
 
+#include "formats/file_io.h"
+#include "formats/json_error.h"
+
 namespace vlatune::cli {
+
+void setup_verbs(CLI::App& app, Context& ctx) {
+  setup_profile(app, ctx);
+  setup_plan(app, ctx);
+  setup_train(app, ctx);
+  setup_check(app, ctx);
+  setup_report(app, ctx);
+  setup_data(app, ctx);
+  setup_forward(app, ctx);
+  setup_model(app, ctx);
+  setup_launch(app, ctx);
+}
 
 int run(int argc, const char* const argv[], std::ostream& out, std::ostream& err) {
   CLI::App app{
@@ -16,15 +31,7 @@ int run(int argc, const char* const argv[], std::ostream& out, std::ostream& err
   app.add_flag("--version", show_version, "Print vlatune, LibTorch and CUDA versions and the GPU seen");
 
   Context ctx{out, err, {}};
-  setup_profile(app, ctx);
-  setup_plan(app, ctx);
-  setup_train(app, ctx);
-  setup_check(app, ctx);
-  setup_report(app, ctx);
-  setup_data(app, ctx);
-  setup_forward(app, ctx);
-  setup_model(app, ctx);
-  setup_launch(app, ctx);
+  setup_verbs(app, ctx);
 
   try {
     app.parse(argc, argv);
@@ -61,6 +68,14 @@ int run(int argc, const char* const argv[], std::ostream& out, std::ostream& err
   } catch (const BadInput& e) {
     err << "vlatune: " << e.what() << "\n";
     return kExitBadInput;
+  } catch (const formats::FormatError& e) {
+    // An input file that is unreadable or invalid, wherever a verb met it.
+    err << "vlatune: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const formats::WriteError& e) {
+    // An output that could not be written (disk full, permissions): the verb failed, the input was fine.
+    err << "vlatune: error: " << e.what() << "\n";
+    return kExitFailure;
   } catch (const std::exception& e) {
     err << "vlatune: error: " << e.what() << "\n";
     return kExitFailure;

@@ -40,8 +40,12 @@ struct Context {
   std::function<int()> action;
 };
 
-// Parses argv, runs the chosen verb, maps exceptions to exit codes with a one-line message on `err`.
+// Parses argv, runs the chosen verb, maps exceptions to exit codes with a one-line message on `err`: BadInput and
+// formats::FormatError 4, Unavailable 69, formats::WriteError and anything else 1.
 int run(int argc, const char* const argv[], std::ostream& out, std::ostream& err);
+
+// Registers every verb on `app` (what run() parses with; tests walk it to check every flag's help).
+void setup_verbs(CLI::App& app, Context& ctx);
 
 // The verbs (each in its own cmd_<verb>.cpp).
 void setup_profile(CLI::App& app, Context& ctx);

@@ -67,6 +67,24 @@ void require_fresh_output(const std::string& out) {
     throw BadInput("--out " + out + ": exists and is not an empty directory (choose a new dataset directory)");
 }
 
+// Runs `write` into the fresh output directory `out`; when it fails, removes what it left there (partial shards of a
+// full disk are no dataset), keeping the directory only when it existed before, as the user made it.
+template <typename Write>
+auto write_fresh_output(const std::string& out, Write write) {
+  const bool existed = trainer::path_exists(out);
+  try {
+    return write();
+  } catch (...) {
+    try {
+      trainer::remove_tree(out);
+      if (existed) trainer::make_directories(out);
+    } catch (const std::exception&) {
+      // The error being reported matters more than the leftovers it names.
+    }
+    throw;
+  }
+}
+
 std::string summary(const trainer::DatasetManifest& m) {
   int64_t bytes = 0;
   for (const auto& s : m.shards) bytes += s.bytes;
@@ -90,7 +108,7 @@ int run_data_synth(const DataSynthOptions& o, std::ostream& out) {
   require_fresh_output(o.out);
   trainer::DatasetManifest m;
   try {
-    m = trainer::write_synthetic_dataset(s);
+    m = write_fresh_output(o.out, [&] { return trainer::write_synthetic_dataset(s); });
   } catch (const std::invalid_argument& e) {
     throw BadInput(e.what());
   }
@@ -120,7 +138,7 @@ int run_data_import_lerobot(const DataImportOptions& o, std::ostream& out) {
   io.log = &out;
   io.progress_bar = ::isatty(STDOUT_FILENO) == 1;
   try {
-    const auto r = trainer::import_lerobot(io);
+    const auto r = write_fresh_output(o.out, [&] { return trainer::import_lerobot(io); });
     out << "dataset " << o.out << ": " << summary(r.train) << "\n";
     if (r.val.samples > 0) out << "dataset " << o.out << "/val: " << summary(r.val) << "\n";
     out << "norm stats: " << o.out << "/norm_stats.json (openpi's layout; also in the manifest)\n";
@@ -152,7 +170,7 @@ int run_data_import(const DataImportOptions& o, std::ostream& out) {
   io.discrete_state = o.discrete_state;
   io.log = &out;
   try {
-    const auto report = trainer::import_libero(io);
+    const auto report = write_fresh_output(o.out, [&] { return trainer::import_libero(io); });
     out << "dataset " << o.out << ": " << summary(report.manifest) << "\n";
   } catch (const std::invalid_argument& e) {
     throw BadInput(e.what());
@@ -208,10 +226,11 @@ void setup_data(CLI::App& app, Context& ctx) {
 
   auto synth = std::make_shared<DataSynthOptions>();
   auto* s = cmd->add_subcommand("synth", "LIBERO-shaped synthetic dataset (2 cameras, prompts, action chunks)");
+  s->option_defaults()->always_capture_default();
   s->add_option("--config", synth->config, "Model size (sets the stored image side: tiny 28, full 224)")
       ->check(CLI::IsMember({"tiny", "full"}));
   s->add_option("--samples", synth->samples, "Number of samples")->required()->check(CLI::Range(1, 1 << 30));
-  s->add_option("--seed", synth->seed, "Random seed (same seed, same bytes)");
+  s->add_option("--seed", synth->seed, "Random seed (same seed, same bytes)")->check(unsigned_integer());
   s->add_option("--prompt-len", synth->prompt_len, "MIN:MAX real prompt tokens (padded to 200)");
   s->add_option("--horizon", synth->horizon, "Action chunk length")->check(CLI::Range(1, 4096));
   s->add_option("--out", synth->out, "Dataset directory (new or empty)")->required();
@@ -222,9 +241,10 @@ void setup_data(CLI::App& app, Context& ctx) {
                                 "Import LeRobot datasets (v2.0/v2.1/v3.0) or LIBERO HDF5 demos into a packed dataset");
   auto* lerobot = i->add_option("--lerobot", imp->lerobot_dirs,
                                 "LeRobot dataset directory (meta/info.json inside); repeat to merge datasets with "
-                                "matching features")
+                                "matching features (this or --libero is required)")
                       ->check(CLI::ExistingDirectory);
-  i->add_option("--libero", imp->libero_dir, "Directory of LIBERO *.hdf5 files (searched recursively)")
+  i->add_option("--libero", imp->libero_dir,
+                "Directory of LIBERO *.hdf5 files, searched recursively (this or --lerobot is required)")
       ->check(CLI::ExistingDirectory)
       ->excludes(lerobot);
   i->add_option("--camera", imp->cameras,
@@ -236,7 +256,8 @@ void setup_data(CLI::App& app, Context& ctx) {
                 "LeRobot: episodes to import, numbered 0.. across the sources: A:B (half-open), a list 3,7,9, or "
                 "both [default: all]");
   i->add_option("--val-episodes", imp->val_episodes,
-                "LeRobot: hold episodes out into OUT/val: N (the last N selected) or indices as --episodes");
+                "LeRobot: hold episodes out into OUT/val: N (the last N selected) or indices as --episodes "
+                "[default: none]");
   i->add_option("--image-side", imp->image_side,
                 "LeRobot: stored image side, after openpi's resize_with_pad (tiny config: 28)")
       ->capture_default_str()
@@ -249,9 +270,10 @@ void setup_data(CLI::App& app, Context& ctx) {
       ->check(finite_range(1e-9, 1.0));
   i->add_option("--tokenizer", imp->tokenizer, "SentencePiece model (PaliGemma tokenizer)")
       ->required()
-      ->check(CLI::ExistingFile);
+      ->check(regular_file());
   i->add_option("--out", imp->out, "Dataset directory (new or empty)")->required();
   i->add_option("--horizon", imp->horizon, "Action chunk length (past an episode's end the last action repeats)")
+      ->capture_default_str()
       ->check(CLI::Range(1, 4096));
   i->add_flag("--discrete-state", imp->discrete_state,
               "Prompts carry the 256-bin state: \"Task: ..., State: ...;\\nAction: \" (spec §4.6)");

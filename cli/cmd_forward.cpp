@@ -2,11 +2,13 @@
 // checks against other implementations (openpi, LeRobot). Prints {"loss": ...} on stdout.
 #include <CLI/CLI.hpp>
 
+#include <cmath>
 #include <iomanip>
 #include <memory>
 
 #include "cli/cli.h"
 #include "cli/torch_options.h"
+#include "cli/validators.h"
 #include "model/batch_io.h"
 #include "model/pi05.h"
 #include "model/state_dict.h"
@@ -28,10 +30,47 @@ struct ForwardOptions {
   std::string out;
 };
 
+namespace {
+
+// Elements of a floating tensor that are NaN or infinite.
+int64_t non_finite_count(const torch::Tensor& t) {
+  if (!t.is_floating_point() || t.numel() == 0) return 0;
+  return (~torch::isfinite(t)).sum().item<int64_t>();
+}
+
+// Non-finite inputs would make the loss NaN (and the printed JSON invalid) without saying which input was bad.
+void require_finite_weights(model::Pi05Impl& net, const std::string& file) {
+  for (const auto& item : net.named_parameters()) {
+    if (const int64_t n = non_finite_count(item.value()); n > 0)
+      throw BadInput("--weights " + file + ": tensor '" + item.key() + "' has " + std::to_string(n) +
+                     " non-finite value(s) (NaN or inf)");
+  }
+}
+
+void require_valid_batch(const model::Pi05Batch& b, const std::string& file) {
+  if (b.images.size(0) == 0) throw BadInput("--batch " + file + ": empty batch (0 samples)");
+  for (const auto& [name, t] : {std::make_pair("images", &b.images), std::make_pair("actions", &b.actions),
+                                std::make_pair("noise", &b.noise), std::make_pair("time", &b.time)}) {
+    if (const int64_t n = non_finite_count(*t); n > 0)
+      throw BadInput("--batch " + file + ": '" + name + "' has " + std::to_string(n) +
+                     " non-finite value(s) (NaN or inf)");
+  }
+}
+
+}  // namespace
+
 static int run_forward(const ForwardOptions& o, Context& ctx) {
+  require_distinct_output("--out", o.out, {{"--weights", o.weights}, {"--batch", o.batch}});
   const auto cfg = model::Pi05Config::named(o.config);
   const auto device = parse_device("--device", o.device);
   const auto dtype = parse_dtype("--dtype", o.dtype);
+  model::Pi05Batch batch;
+  try {
+    batch = model::read_batch(o.batch, cfg);
+  } catch (const std::exception& e) {
+    throw BadInput(std::string("--batch: ") + e.what());
+  }
+  require_valid_batch(batch, o.batch);
   model::Pi05 net(cfg, device, dtype);
   if (o.weights.empty()) {
     model::init_weights(*net, o.seed);
@@ -41,12 +80,7 @@ static int run_forward(const ForwardOptions& o, Context& ctx) {
     } catch (const model::SafetensorsError& e) {
       throw BadInput(std::string("--weights: ") + e.what());
     }
-  }
-  model::Pi05Batch batch;
-  try {
-    batch = model::read_batch(o.batch, cfg);
-  } catch (const std::exception& e) {
-    throw BadInput(std::string("--batch: ") + e.what());
+    require_finite_weights(*net, o.weights);
   }
   for (torch::Tensor* t : {&batch.images, &batch.image_masks, &batch.tokens, &batch.token_masks, &batch.actions,
                            &batch.noise, &batch.time})
@@ -63,6 +97,13 @@ static int run_forward(const ForwardOptions& o, Context& ctx) {
   torch::AutoGradMode grad_mode(want_grads);
   auto result = net->forward(batch, fo);
   const double loss = result.loss.item<double>();
+  if (!std::isfinite(loss)) {
+    // JSON has no NaN: the line stays valid, and the exit code says the forward failed.
+    ctx.out << "{\"loss\": null}\n";
+    ctx.err << "vlatune: error: forward: the loss is not finite (" << loss << ") from finite inputs; try --dtype fp32"
+            << (o.out.empty() ? "" : "; nothing written to --out") << "\n";
+    return kExitFailure;
+  }
   if (want_grads) {
     result.loss.backward();
     net->fill_missing_grads();
@@ -82,15 +123,13 @@ void setup_forward(CLI::App& app, Context& ctx) {
   auto* cmd = app.add_subcommand("forward",
                                  "One forward + flow-matching loss on a fixed batch; prints "
                                  "{\"loss\": ...}");
+  cmd->option_defaults()->always_capture_default();
   cmd->add_option("--config", opts->config, "Model size")->check(CLI::IsMember({"tiny", "full"}));
   cmd->add_option("--weights", opts->weights,
-                  "Model weights (safetensors, openpi or LeRobot names); "
-                  "omitted: random init from --seed")
-      ->check(CLI::ExistingFile);
-  cmd->add_option("--seed", opts->seed, "Random init seed when --weights is omitted");
-  cmd->add_option("--batch", opts->batch, "Batch (safetensors; format in README)")
-      ->required()
-      ->check(CLI::ExistingFile);
+                  "Model weights (safetensors, openpi or LeRobot names) (default: random init from --seed)")
+      ->check(regular_file());
+  cmd->add_option("--seed", opts->seed, "Random init seed when --weights is omitted")->check(unsigned_integer());
+  cmd->add_option("--batch", opts->batch, "Batch (safetensors; format in README)")->required()->check(regular_file());
   cmd->add_option("--dtype", opts->dtype, "Parameter and compute dtype")
       ->check(CLI::IsMember({"fp32", "bf16", "fp64"}));
   cmd->add_option("--device", opts->device, "auto: GPU when visible")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
@@ -101,7 +140,8 @@ void setup_forward(CLI::App& app, Context& ctx) {
       ->check(CLI::IsMember({"lean", "materialized"}));
   cmd->add_option("--action-dim", opts->action_dim, "Loss over the first N action dims (LeRobot: real dims)")
       ->check(CLI::Range(1, 32));
-  cmd->add_option("--out", opts->out, "Write loss, velocity and grad.<fqn> for every parameter (safetensors)");
+  cmd->add_option("--out", opts->out,
+                  "Write loss, velocity and grad.<fqn> for every parameter (safetensors) (default: none)");
   cmd->callback([&ctx, opts] { ctx.action = [&ctx, opts] { return run_forward(*opts, ctx); }; });
 }
 

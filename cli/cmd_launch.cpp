@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cli/cli.h"
+#include "cli/validators.h"
 
 namespace vlatune::cli {
 
@@ -187,13 +188,14 @@ void setup_launch(CLI::App& app, Context& ctx) {
   auto* cmd = app.add_subcommand("launch",
                                  "Run a vlatune verb on N local GPUs (sets RANK, LOCAL_RANK, "
                                  "WORLD_SIZE, MASTER_ADDR, MASTER_PORT)");
+  cmd->option_defaults()->always_capture_default();
   cmd->add_option("--nproc", opts->nproc, "Processes (GPUs) on this host")->check(CLI::Range(1, 1024));
   cmd->add_option("--master-port", opts->master_port, "Rendezvous port on 127.0.0.1 (default: a free port)")
+      ->default_str("")
       ->check(CLI::Range(1, 65535));
-  cmd->add_option("--grace", opts->grace_s,
-                  "Seconds the other ranks get to exit after one fails, before SIGKILL (default 10)")
-      ->check(CLI::Range(0.0, 3600.0));
-  cmd->add_option("command", opts->command, "The verb and its arguments, after --")->required();
+  cmd->add_option("--grace", opts->grace_s, "Seconds the other ranks get to exit after one fails, before SIGKILL")
+      ->check(finite_range(0.0, 3600.0));
+  cmd->add_option("command", opts->command, "The verb and its arguments, after --")->default_str("")->required();
   cmd->callback([&ctx, opts] { ctx.action = [&ctx, opts] { return run_launch(*opts, ctx); }; });
 }
 

@@ -4,8 +4,11 @@
 #include <iostream>
 #include <memory>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/cli.h"
 #include "cli/torch_options.h"
+#include "cli/validators.h"
 #include "model/batch_io.h"
 #include "model/pi05.h"
 #include "model/state_dict.h"
@@ -33,6 +36,11 @@ struct ModelBatchOptions {
   std::string out;
 };
 
+// One line of JSON (a path with quotes or bytes that are not UTF-8 stays valid JSON).
+static std::string json_line(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
 static int run_model_init(const ModelInitOptions& o, Context& ctx) {
   const auto cfg = model::Pi05Config::named(o.config);
   const auto device = parse_device("--device", o.device);
@@ -41,7 +49,7 @@ static int run_model_init(const ModelInitOptions& o, Context& ctx) {
   model::init_weights(*net, o.seed);
   model::save_state_dict(*net, o.out,
                          {{"format", "pt"}, {"vlatune.config", o.config}, {"vlatune.seed", std::to_string(o.seed)}});
-  ctx.out << "{\"out\": \"" << o.out << "\", \"parameters\": " << model::count_parameters(*net) << "}\n";
+  ctx.out << json_line({{"out", o.out}, {"parameters", model::count_parameters(*net)}});
   return kExitOk;
 }
 
@@ -58,10 +66,15 @@ static int run_model_batch(const ModelBatchOptions& o, Context& ctx) {
   if (o.cameras > o.slots)
     throw BadInput("--cameras " + std::to_string(o.cameras) + " exceeds --slots " + std::to_string(o.slots));
   torch::Generator gen = at::detail::createCPUGenerator(o.seed);
-  auto batch = model::make_random_batch(cfg, o.batch, o.slots, o.cameras, o.text_len, prompt.first, prompt.second,
-                                        o.horizon, &gen, torch::kCPU);
+  model::Pi05Batch batch;
+  try {
+    batch = model::make_random_batch(cfg, o.batch, o.slots, o.cameras, o.text_len, prompt.first, prompt.second,
+                                     o.horizon, &gen, torch::kCPU);
+  } catch (const std::invalid_argument& e) {
+    throw BadInput(e.what());
+  }
   model::write_batch(o.out, batch);
-  ctx.out << "{\"out\": \"" << o.out << "\"}\n";
+  ctx.out << json_line({{"out", o.out}});
   return kExitOk;
 }
 
@@ -71,8 +84,9 @@ void setup_model(CLI::App& app, Context& ctx) {
 
   auto init_opts = std::make_shared<ModelInitOptions>();
   auto* init = cmd->add_subcommand("init", "Write randomly initialized weights (openpi names) to safetensors");
+  init->option_defaults()->always_capture_default();
   init->add_option("--config", init_opts->config, "Model size")->check(CLI::IsMember({"tiny", "full"}));
-  init->add_option("--seed", init_opts->seed, "Random seed");
+  init->add_option("--seed", init_opts->seed, "Random seed")->check(unsigned_integer());
   init->add_option("--dtype", init_opts->dtype, "Parameter dtype")->check(CLI::IsMember({"fp32", "bf16", "fp64"}));
   init->add_option("--device", init_opts->device, "Where to initialize (auto: GPU when visible)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
@@ -81,6 +95,7 @@ void setup_model(CLI::App& app, Context& ctx) {
 
   auto batch_opts = std::make_shared<ModelBatchOptions>();
   auto* batch = cmd->add_subcommand("batch", "Write a random LIBERO-shaped batch in the `forward` format");
+  batch->option_defaults()->always_capture_default();
   batch->add_option("--config", batch_opts->config, "Model size")->check(CLI::IsMember({"tiny", "full"}));
   batch->add_option("--batch", batch_opts->batch, "Samples")->check(CLI::Range(1, 1 << 16));
   batch->add_option("--slots", batch_opts->slots, "Camera slots")->check(CLI::Range(0, 16));
@@ -89,7 +104,7 @@ void setup_model(CLI::App& app, Context& ctx) {
   batch->add_option("--text-len", batch_opts->text_len, "Padded prompt length")->check(CLI::Range(1, 4096));
   batch->add_option("--prompt-len", batch_opts->prompt_len, "MIN:MAX real prompt tokens (padded to --text-len)");
   batch->add_option("--horizon", batch_opts->horizon, "Action chunk length")->check(CLI::Range(1, 4096));
-  batch->add_option("--seed", batch_opts->seed, "Random seed");
+  batch->add_option("--seed", batch_opts->seed, "Random seed")->check(unsigned_integer());
   batch->add_option("--out", batch_opts->out, "Batch file (.safetensors)")->required();
   batch->callback(
       [&ctx, batch_opts] { ctx.action = [&ctx, batch_opts] { return run_model_batch(*batch_opts, ctx); }; });

@@ -2,11 +2,11 @@
 // Parses and wires only: the decisions live in tuner/planner.h, the grid files in tuner/grid.h.
 #include <CLI/CLI.hpp>
 
-#include <filesystem>
 #include <memory>
 #include <optional>
 
 #include "cli/cli.h"
+#include "cli/validators.h"
 #include "formats/json_error.h"
 #include "formats/profile.h"
 #include "formats/recipe.h"
@@ -33,8 +33,8 @@ int run_plan(PlanCliOptions& o, CLI::App& cmd, Context& ctx) {
     }
     if (o.profile.empty() || o.out.empty()) throw BadInput("plan: --profile and --out are required");
     if (o.grid > 0 && o.grid_dir.empty()) throw BadInput("--grid: needs --grid-dir DIR for the candidate recipes");
-    std::string path = o.profile;
-    if (std::filesystem::is_directory(path)) path = (std::filesystem::path(path) / "profile.json").string();
+    const std::string path = formats::profile_file(o.profile);
+    require_distinct_output("--out", o.out, {{"--profile", path}});
     tuner::PlanOptions p = o.plan;
     if (cmd.count("--memory-budget")) p.memory_budget_gib = o.memory_budget_gib;
     if (cmd.count("--allreduce-gbps")) p.allreduce_gbps = o.allreduce_gbps;
@@ -42,7 +42,7 @@ int run_plan(PlanCliOptions& o, CLI::App& cmd, Context& ctx) {
       try {
         size_t used = 0;
         p.batch = std::stoll(o.batch, &used);
-        if (used != o.batch.size()) throw std::invalid_argument(o.batch);
+        if (used != o.batch.size() || p.batch < 1) throw std::invalid_argument(o.batch);
       } catch (const std::exception&) {
         throw BadInput("--batch: expected a positive integer or 'auto', got '" + o.batch + "'");
       }
@@ -78,33 +78,42 @@ void setup_plan(CLI::App& app, Context& ctx) {
   auto* cmd = app.add_subcommand("plan",
                                  "Choose recompute modules, FP8 Linears, groups and micro-batch from a "
                                  "profile -> recipe.json");
-  cmd->add_option("--profile", o->profile, "profile.json written by `vlatune profile` (or its directory)")
-      ->check(CLI::ExistingPath);
-  cmd->add_option("--out", o->out, "recipe.json to write");
+  cmd->option_defaults()->always_capture_default();
+  cmd->add_option("--profile", o->profile,
+                  "profile.json written by `vlatune profile`, or its directory (required unless --compare-grid)")
+      ->check(file_or_directory());
+  cmd->add_option("--out", o->out, "recipe.json to write (required unless --compare-grid)");
   cmd->add_option("--memory-budget", o->memory_budget_gib, "GiB (default: profiled GPU memory - 5%)")
-      ->check(CLI::PositiveNumber);
+      ->default_str("")
+      ->check(finite_positive());
   cmd->add_option("--batch", o->batch, "Micro-batch: a number, or 'auto' (chosen with the recompute set)");
-  cmd->add_option(
-         "--fp8", o->fp8,
-         "FP8 Linears: off (default: plans stay bf16 unless asked) or auto (measured winners, delayed scaling)")
+  cmd->add_option("--fp8", o->fp8,
+                  "FP8 Linears: off (plans stay bf16 unless asked) or auto (measured winners, delayed scaling)")
       ->check(CLI::IsMember({"off", "auto"}));
   cmd->add_option("--fp8-include", o->plan.fp8_include,
-                  "Pattern: consider these Linears for FP8 despite the default exclusions (repeatable)");
-  cmd->add_option("--fp8-exclude", o->plan.fp8_exclude, "Pattern: keep these Linears in bf16 (repeatable)");
-  cmd->add_option("--fp8-margin", o->plan.fp8_margin, "Required bf16/FP8 time ratio (default 1.05)")
-      ->check(CLI::Range(1.0, 100.0));
+                  "Pattern: consider these Linears for FP8 despite the default exclusions (repeatable; default none)")
+      ->default_str("");
+  cmd->add_option("--fp8-exclude", o->plan.fp8_exclude,
+                  "Pattern: keep these Linears in bf16 (repeatable; default none)")
+      ->default_str("");
+  cmd->add_option("--fp8-margin", o->plan.fp8_margin, "Required bf16/FP8 time ratio")->check(finite_range(1.0, 100.0));
   cmd->add_option("--recompute-candidate", o->plan.recompute_candidates,
-                  "Pattern: also consider recomputing these modules (repeatable)");
+                  "Pattern: also consider recomputing these modules (repeatable; default none)")
+      ->default_str("");
   cmd->add_option("--world-size", o->plan.world_size, "Data-parallel GPUs")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--allreduce-gbps", o->allreduce_gbps,
                   "All-reduce bus bandwidth in GB/s (default: the profile's communication section)")
-      ->check(CLI::PositiveNumber);
+      ->default_str("")
+      ->check(finite_positive());
   cmd->add_flag("--explain", o->explain, "Print every decision with the figures behind it");
-  cmd->add_option("--grid", o->grid, "Also write the plan and the next N-1 best candidates to --grid-dir")
+  cmd->add_option("--grid", o->grid,
+                  "Also write the plan and the next N-1 best candidates to --grid-dir (default: off)")
+      ->default_str("")
       ->check(CLI::Range(1, 100));
-  cmd->add_option("--grid-dir", o->grid_dir, "Directory for candidate_<i>.json (measured by scripts/plan-grid.sh)");
+  cmd->add_option("--grid-dir", o->grid_dir,
+                  "Directory for candidate_<i>.json, measured by scripts/plan-grid.sh (required with --grid)");
   cmd->add_option("--compare-grid", o->compare_grid,
-                  "Summarize a measured grid: DIR/candidate_<i>.json vs DIR/run_<i>/run.json")
+                  "Summarize a measured grid: DIR/candidate_<i>.json vs DIR/run_<i>/run.json (default: off)")
       ->check(CLI::ExistingDirectory);
   cmd->callback([&ctx, o, cmd] { ctx.action = [&ctx, o, cmd] { return run_plan(*o, *cmd, ctx); }; });
 }

@@ -20,6 +20,16 @@ bool is_directory(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+// "812.40 ms" or "no timed steps".
+std::string median_text(size_t n, double median_ms) {
+  return n == 0 ? std::string("no timed steps") : fixed(median_ms, 2) + " ms";
+}
+
 std::string or_null(const std::optional<std::string>& s) {
   return s ? *s : std::string("null");
 }
@@ -235,7 +245,11 @@ CheckSubject subject_from_profile(const formats::Profile& profile, const std::st
 }
 
 CheckSubject read_check_subject(const std::string& path) {
-  const std::string file = is_directory(path) ? path + "/run.json" : path;
+  std::string file = path;
+  if (is_directory(path)) {
+    file = path + "/run.json";
+    if (!exists(file) && exists(path + "/profile.json")) file = path + "/profile.json";
+  }
   const nlohmann::json j = formats::read_json_file(file);
   const formats::JsonCursor root(j, file);
   if (!j.is_object()) root.fail("expected a run.json or profile.json object, got " + formats::describe_json(j));
@@ -280,6 +294,14 @@ CheckResult check(const CheckSubject& b, const CheckSubject& c, const CheckOptio
   }
   if (!r.numerics.pass()) {
     r.verdict = Verdict::kNumericsFailure;  // wrong results outrank slow ones
+  } else if (r.timing.status == TimingStatus::kInsufficient) {
+    // A gate that cannot judge must not pass: an empty or short candidate is not evidence of "no regression".
+    const TimingResult& t = r.timing;
+    r.differences.push_back("timing: " + std::to_string(t.n_baseline) + " timed steps after warm-up in the baseline, " +
+                            std::to_string(t.n_candidate) +
+                            " in the candidate; the timing gate needs >= " + std::to_string(kMinTimingSamples) +
+                            " on each side (run more steps, or use --numerics for the numerics gates alone)");
+    r.verdict = Verdict::kIncomparable;
   } else if (r.timing.status == TimingStatus::kRegression) {
     r.verdict = Verdict::kRegression;
   }
@@ -291,7 +313,7 @@ std::string format_check(const CheckResult& r, const CheckOptions& o) {
   s << "baseline:  " << r.baseline_file << "\n";
   s << "candidate: " << r.candidate_file << "\n";
   for (const auto& d : r.differences) s << "incomparable: " << d << "\n";
-  if (r.verdict == Verdict::kIncomparable) {
+  if (r.verdict == Verdict::kIncomparable && r.timing.status != TimingStatus::kInsufficient) {
     s << "verdict: incomparable (exit 3)" << (r.numerics_only ? "" : "; rerun with --force to compare anyway") << "\n";
     return s.str();
   }
@@ -299,15 +321,17 @@ std::string format_check(const CheckResult& r, const CheckOptions& o) {
 
   const TimingResult& t = r.timing;
   if (t.status != TimingStatus::kNotRun) {
-    s << "timing: median step " << fixed(t.median_ms_baseline, 2) << " -> " << fixed(t.median_ms_candidate, 2)
-      << " ms (" << signed_pct(t.change_pct) << "), n " << t.n_baseline << " vs " << t.n_candidate;
+    s << "timing: median step " << median_text(t.n_baseline, t.median_ms_baseline) << " -> "
+      << median_text(t.n_candidate, t.median_ms_candidate);
+    if (t.n_baseline > 0 && t.n_candidate > 0) s << " (" << signed_pct(t.change_pct) << ")";
+    s << ", n " << t.n_baseline << " vs " << t.n_candidate;
     if (t.u_test) {
       s << ", Mann-Whitney U p = " << p_value_text(t.u_test->p_value) << (t.u_test->exact ? " (exact)" : "");
     }
     s << ": " << to_string(t.status);
     switch (t.status) {
       case TimingStatus::kInsufficient:
-        s << " (needs >= " << kMinTimingSamples << " timed steps after warm-up on each side; not gated)";
+        s << " (needs >= " << kMinTimingSamples << " timed steps after warm-up on each side)";
         break;
       case TimingStatus::kUnchanged:
         if (t.u_test && t.u_test->p_value < o.alpha) {

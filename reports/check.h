@@ -9,7 +9,8 @@
 //      the runs share >= long_run_steps steps, the curves: Pearson >= pearson_min and mean relative error <=
 //      mre_max (one noisy step does not fail a long run, a drifting curve does).
 //   3. Timing: step_ms after warm-up, >= kMinTimingSamples per side, two-sided Mann-Whitney U at alpha AND the
-//      median grown by >= threshold: both, or it is not a regression. Fewer samples: "insufficient", no failure.
+//      median grown by >= threshold: both, or it is not a regression. Fewer samples (an empty or short run):
+//      kIncomparable naming the counts found and needed, never a pass.
 //   4. On a regression: the modules whose time per step grew most (both sides profiles).
 #pragma once
 
@@ -57,7 +58,8 @@ CheckSubject subject_from_run(const formats::RunRecord& run, const std::string& 
 // (self_ms: summing to the attributed time, so a grown parent is not listed for its children's growth).
 // batch is samples per optimizer step, as in run.json: micro-batch x grad_accum x world_size.
 CheckSubject subject_from_profile(const formats::Profile& profile, const std::string& file);
-// Reads a run.json, a run directory (DIR/run.json) or a profile.json, told apart by "schema".
+// Reads a run.json, a run directory (DIR/run.json), a profile.json or a profile directory (DIR/profile.json when
+// there is no DIR/run.json), told apart by "schema".
 // Errors: formats::FormatError naming the file (and the JSON path).
 CheckSubject read_check_subject(const std::string& path);
 
@@ -75,7 +77,7 @@ struct CheckOptions {
 
 enum class TimingStatus {
   kNotRun,        // --numerics, or incomparable
-  kInsufficient,  // fewer than kMinTimingSamples on a side: no verdict, no failure
+  kInsufficient,  // fewer than kMinTimingSamples on a side: the verdict is kIncomparable
   kUnchanged,     // not significant, or significant but within the threshold
   kRegression,    // significant and the median grew by >= threshold
   kImprovement,   // significant and the median shrank by >= threshold

@@ -1,5 +1,6 @@
-// `vlatune check`'s gates on synthetic runs: timing needs significance AND the threshold, small samples never
-// fail, numerics are hard gates, environments must match, and the baseline only moves on a real improvement.
+// `vlatune check`'s gates on synthetic runs: timing needs significance AND the threshold, too few samples are
+// incomparable (never a pass), numerics are hard gates, environments must match, and the baseline only moves on a
+// real improvement.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -7,6 +8,7 @@
 #include <random>
 
 #include "formats/json_error.h"
+#include "formats/json_io.h"
 #include "formats/run_record.h"
 #include "reports/check.h"
 #include "temp_dir.h"
@@ -107,12 +109,33 @@ TEST_CASE("A large median shift in noisy, overlapping samples is not significant
   CHECK(r.verdict == Verdict::kPass);
 }
 
-TEST_CASE("Fewer than 9 timing samples give an insufficient verdict that does not fail", "[reports][check]") {
+TEST_CASE("Fewer than 9 timing samples are incomparable (exit 3), naming the counts found and needed",
+          "[reports][check]") {
   const auto r = run_check(synthetic_run(8, 800.0, 1), synthetic_run(20, 1000.0, 2));
   CHECK(r.timing.status == TimingStatus::kInsufficient);
   CHECK_FALSE(r.timing.u_test);
-  CHECK(r.verdict == Verdict::kPass);
-  CHECK(contains(vlatune::reports::format_check(r, {}), "insufficient"));
+  CHECK(r.verdict == Verdict::kIncomparable);
+  CHECK(vlatune::reports::verdict_exit_code(r.verdict) == 3);
+  const std::string text = vlatune::reports::format_check(r, {});
+  CHECK(contains(text, "8 timed steps after warm-up in the baseline, 20 in the candidate"));
+  CHECK(contains(text, "needs >= 9 on each side"));
+  CHECK(contains(text, "verdict: incomparable (exit 3)"));
+  CHECK_FALSE(contains(text, "--force"));  // forcing cannot make too few samples enough
+}
+
+TEST_CASE("An empty candidate is incomparable, printed without NaN", "[reports][check]") {
+  auto empty = synthetic_run(0, 800.0, 2);
+  const auto r = run_check(synthetic_run(20, 800.0, 1), empty);
+  CHECK(r.verdict == Verdict::kIncomparable);
+  const std::string text = vlatune::reports::format_check(r, {});
+  CHECK(contains(text, "0 in the candidate"));
+  CHECK(contains(text, "-> no timed steps"));
+  CHECK_FALSE(contains(text, "nan"));
+  CHECK_FALSE(contains(text, "verdict: pass"));
+  // A numerics failure still outranks: a run whose loss went NaN says so.
+  auto broken = synthetic_run(4, 800.0, 2);
+  broken.loss[1] = NAN;
+  CHECK(run_check(synthetic_run(20, 800.0, 1), broken).verdict == Verdict::kNumericsFailure);
 }
 
 TEST_CASE("A significant improvement is reported and only then moves the baseline", "[reports][check]") {
@@ -307,4 +330,23 @@ TEST_CASE("read_check_subject reads run.json or a run directory and names bad in
   }
   std::ofstream(dir.file("array.json")) << "[1, 2]";
   CHECK_THROWS_AS(vlatune::reports::read_check_subject(dir.file("array.json")), vlatune::formats::FormatError);
+}
+
+TEST_CASE("A number beyond a double in a check input is a FormatError naming the file and JSON path",
+          "[reports][check]") {
+  vlatune::test::TempDir dir("check_overflow");
+  std::string text = vlatune::formats::dump_json_file(vlatune::formats::run_record_to_json(synthetic_run(10, 800.0)));
+  const std::string key = "\"samples_per_s_median\": ";
+  const size_t at = text.find(key);
+  REQUIRE(at != std::string::npos);
+  text.replace(at + key.size(), text.find_first_of(",\n", at + key.size()) - at - key.size(), "1e400");
+  std::ofstream(dir.file("run.json")) << text;
+  try {
+    vlatune::reports::read_check_subject(dir.file("run.json"));
+    FAIL("expected a FormatError");
+  } catch (const vlatune::formats::FormatError& e) {
+    CHECK(e.file() == dir.file("run.json"));
+    CHECK(e.json_path() == "$.samples_per_s_median");
+    CHECK(contains(e.reason(), "1e400"));
+  }
 }

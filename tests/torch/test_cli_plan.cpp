@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -12,6 +13,7 @@
 
 #include "cli/cli.h"
 #include "cli_test_util.h"
+#include "formats/profile.h"
 #include "formats/recipe.h"
 
 namespace {
@@ -77,4 +79,26 @@ TEST_CASE("vlatune train reports predicted vs measured step time for a planned r
        dir + "/run", "--checkpoint-every", "0",    "--no-progress"});
   REQUIRE(r.code == 0);
   CHECK(r.out.find("plan: step predicted 1.00 ms vs measured ") != std::string::npos);
+}
+
+TEST_CASE("vlatune plan: --out over its --profile is refused (4); an unwritable --out is a failure (1)",
+          "[cli][plan]") {
+  const std::string dir = temp_dir();
+  {
+    std::ifstream in(kProfile);
+    std::stringstream s;
+    s << in.rdbuf();
+    std::ofstream(dir + "/profile.json") << s.str();
+  }
+  auto same = run_cli({"plan", "--profile", dir, "--out", dir + "/profile.json"});
+  CHECK(same.code == vlatune::cli::kExitBadInput);
+  CHECK(same.err.find("same file as --profile") != std::string::npos);
+  CHECK(vlatune::formats::read_profile(dir + "/profile.json").batches.size() > 0);  // untouched
+  auto unwritable = run_cli({"plan", "--profile", dir, "--out", dir + "/no/such/dir/recipe.json"});
+  CHECK(unwritable.code == vlatune::cli::kExitFailure);
+  CHECK(unwritable.err.find(dir + "/no/such/dir/recipe.json") != std::string::npos);
+  REQUIRE(::mkfifo((dir + "/fifo.json").c_str(), 0600) == 0);
+  auto fifo = run_cli({"plan", "--profile", dir + "/fifo.json", "--out", dir + "/r.json"});
+  CHECK(fifo.code == vlatune::cli::kExitBadInput);  // refused at once, where it used to wait for a writer
+  CHECK(fifo.err.find("not a regular file") != std::string::npos);
 }

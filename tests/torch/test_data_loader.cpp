@@ -11,12 +11,14 @@
 #include <string>
 #include <vector>
 
+#include "../core/file_size_limit.h"
 #include "cli/cli.h"
 #include "data_test_util.h"
 #include "formats/json_error.h"
 #include "model/config.h"
 #include "trainer/data_source.h"
 #include "trainer/dataset.h"
+#include "trainer/file_util.h"
 #include "trainer/image_preprocess.h"
 #include "trainer/loader.h"
 #include "trainer/rng.h"
@@ -390,4 +392,37 @@ TEST_CASE("on the GPU the loader's batches equal the CPU loader's, and full-size
                                                        << " samples/s), data wait " << wait_total_ms / steps
                                                        << " ms/step");
   // No timing assertion here (speed belongs in benchmarks): the printed figure goes to bench/RESULTS.md.
+}
+
+TEST_CASE("data synth checks the space it needs first, and a full disk exits 1 leaving no partial dataset", "[data]") {
+  TempTree tmp;
+  auto run = [](std::vector<std::string> args, std::string* text) {
+    std::vector<const char*> argv{"vlatune"};
+    for (const auto& a : args) argv.push_back(a.c_str());
+    std::ostringstream out, err;
+    const int rc = vlatune::cli::run(static_cast<int>(argv.size()), argv.data(), out, err);
+    *text = out.str() + err.str();
+    return rc;
+  };
+  std::string text;
+  // About 7 TB of tiny samples: refused before a byte is written.
+  CHECK(run({"data", "synth", "--samples", "1073741824", "--out", tmp / "huge"}, &text) == vlatune::cli::kExitFailure);
+  CHECK_THAT(text, Contains(tmp / "huge") && Contains("needs about") && Contains("available"));
+  CHECK_FALSE(vlatune::trainer::path_exists(tmp / "huge"));
+
+  // The disk fills up half way (every write past 64 KiB fails, as ENOSPC would): exit 1 naming the shard and the OS
+  // error, and nothing left behind (an empty directory the user made stays, empty).
+  for (const bool existed : {false, true}) {
+    const std::string out = tmp / (existed ? "made" : "fresh");
+    if (existed) vlatune::trainer::make_directories(out);
+    int rc = 0;
+    {
+      vlatune::test::FileSizeLimit limit(64 << 10);
+      rc = run({"data", "synth", "--samples", "40", "--horizon", "4", "--out", out}, &text);
+    }
+    CHECK(rc == vlatune::cli::kExitFailure);
+    CHECK_THAT(text, Contains(out + "/shard-00000.bin") && Contains("File too large"));
+    CHECK(vlatune::trainer::path_exists(out) == existed);
+    if (existed) CHECK(vlatune::trainer::is_fresh_output(out));
+  }
 }
