@@ -185,6 +185,16 @@ std::optional<double> median_data_wait(const ReportRun& rr) {
   return median(waits);
 }
 
+// The run's precision from its recipe.json: "bf16", "fp32-master", with "+ FP8 (N patterns)" when it runs Linears
+// in FP8; "-" when the run directory has no recipe.json.
+std::string precision_text(const ReportRun& rr) {
+  if (!rr.recipe) return "-";
+  std::string text = formats::to_string(rr.recipe->model_options.precision);
+  const size_t fp8 = rr.recipe->fp8.modules.size();
+  if (fp8 > 0) text += " + FP8 (" + std::to_string(fp8) + (fp8 == 1 ? " pattern)" : " patterns)");
+  return text;
+}
+
 std::string runs_table(const std::vector<ReportRun>& runs) {
   std::vector<std::vector<std::string>> rows;
   for (const auto& rr : runs) {
@@ -192,12 +202,12 @@ std::string runs_table(const std::vector<ReportRun>& runs) {
     const auto& e = r.environment;
     const auto wait = median_data_wait(rr);
     rows.push_back({rr.name, std::to_string(r.steps), std::to_string(r.warmup_steps), std::to_string(r.batch),
-                    fixed(median(r.step_ms), 1), wait ? fixed(*wait, 2) : "not measured",
+                    precision_text(rr), fixed(median(r.step_ms), 1), wait ? fixed(*wait, 2) : "not measured",
                     opt_number(r.samples_per_s_median, 2), opt_number(r.peak_gib, 2), std::to_string(r.skipped_steps),
                     e.config, opt_text(e.gpu), e.torch, opt_text(e.vlatune_commit), e.recipe_hash});
   }
-  return html_table({"run", "steps", "warm-up", "batch", "median step (ms)", "median data wait (ms)", "samples/s",
-                     "peak GiB", "skipped", "config", "gpu", "torch", "commit", "recipe"},
+  return html_table({"run", "steps", "warm-up", "batch", "precision", "median step (ms)", "median data wait (ms)",
+                     "samples/s", "peak GiB", "skipped", "config", "gpu", "torch", "commit", "recipe"},
                     rows, 1);
 }
 
@@ -227,6 +237,11 @@ std::string data_wait_chart(const std::vector<ReportRun>& runs) {
   return svg::line_chart(wait);
 }
 
+// The rolling-median window of a throughput curve of n steps: about 5% of the run, odd, 5..101 steps.
+size_t smoothing_window(size_t n) {
+  return std::clamp<size_t>(n / 20, 5, 101) | 1;
+}
+
 std::string runs_section(const std::vector<ReportRun>& runs) {
   svg::LineChart thr;
   thr.title = "Throughput over steps";
@@ -238,12 +253,28 @@ std::string runs_section(const std::vector<ReportRun>& runs) {
   loss.x_label = "optimizer step";
   loss.y_label = "loss";
   bool any_metrics = false;
-  for (const auto& rr : runs) {
-    thr.series.push_back(run_series(rr, true));
-    loss.series.push_back(run_series(rr, false));
-    any_metrics = any_metrics || !rr.metrics.empty();
+  for (size_t i = 0; i < runs.size(); ++i) {
+    // Every step, faint, under its rolling median in the same colour: single slow steps stay visible without
+    // hiding the level.
+    svg::Series raw = run_series(runs[i], true);
+    raw.name += " (every step)";
+    raw.color_index = static_cast<int>(i);
+    raw.faint = true;
+    raw.in_legend = false;
+    svg::Series smooth = run_series(runs[i], true);
+    smooth.y = rolling_median(smooth.y, smoothing_window(smooth.y.size()));
+    smooth.color_index = static_cast<int>(i);
+    thr.series.push_back(std::move(raw));
+    thr.series.push_back(std::move(smooth));
+    loss.series.push_back(run_series(runs[i], false));
+    any_metrics = any_metrics || !runs[i].metrics.empty();
   }
-  std::string html = runs_table(runs) + svg::line_chart(thr) + data_wait_chart(runs) + svg::line_chart(loss);
+  std::string html = runs_table(runs) + svg::line_chart(thr) +
+                     note(
+                         "Throughput: faint lines are every step's samples/s; solid lines their rolling median over "
+                         "about 5% of the run's steps (5 to 101 steps), so single slow steps (a checkpoint, a data "
+                         "stall) neither hide the level nor vanish.") +
+                     data_wait_chart(runs) + svg::line_chart(loss);
   html +=
       note(any_metrics ? "Curves from metrics.jsonl (every step, warm-up included) where the run directory has one; "
                          "otherwise from run.json (steps after warm-up). Data wait: the time each step waited for "
@@ -251,6 +282,9 @@ std::string runs_section(const std::vector<ReportRun>& runs) {
                          "pace (more loader threads: vlatune train --workers N)."
                        : "Curves from run.json (steps after warm-up); pass run directories to plot every step "
                          "from metrics.jsonl.");
+  html += note(
+      "Precision: the run's recipe.json (model_options.precision, and the FP8 module patterns); '-' when "
+      "the run directory has no recipe.json.");
   return html;
 }
 
@@ -267,19 +301,43 @@ std::vector<Candidate> recipe_candidates(const formats::Recipe& recipe) {
   return out;
 }
 
+namespace {
+
+// The directory whose metrics.jsonl and recipe.json belong to the run at `path`: the run directory itself, the
+// directory of a file named run.json, or "" for a run record under another name.
+std::string run_directory(const std::string& path) {
+  if (is_directory(path)) return path;
+  if (basename_of(path) == "run.json") return dirname_of(path);
+  return "";
+}
+
+}  // namespace
+
+std::vector<std::string> report_run_files(const std::string& path) {
+  const std::string dir = run_directory(path);
+  std::vector<std::string> files{is_directory(path) ? dir + "/run.json" : path};
+  if (!dir.empty()) {
+    for (const char* name : {"/metrics.jsonl", "/recipe.json"})
+      if (is_file(dir + name)) files.push_back(dir + name);
+  }
+  return files;
+}
+
 ReportRun read_report_run(const std::string& path) {
   ReportRun rr;
+  const std::string dir = run_directory(path);
   if (is_directory(path)) {
     rr.name = basename_of(path);
     rr.file = path + "/run.json";
-    const std::string metrics = path + "/metrics.jsonl";
-    rr.run = formats::read_run_record(rr.file);
-    if (is_file(metrics)) rr.metrics = formats::read_metrics(metrics);
-    return rr;
+  } else {
+    rr.file = path;
+    rr.name = basename_of(path) == "run.json" ? basename_of(dirname_of(path)) : path;
   }
-  rr.file = path;
-  rr.name = basename_of(path) == "run.json" ? basename_of(dirname_of(path)) : path;
-  rr.run = formats::read_run_record(path);
+  rr.run = formats::read_run_record(rr.file);
+  if (!dir.empty()) {
+    if (is_file(dir + "/metrics.jsonl")) rr.metrics = formats::read_metrics(dir + "/metrics.jsonl");
+    if (is_file(dir + "/recipe.json")) rr.recipe = formats::read_recipe(dir + "/recipe.json");
+  }
   return rr;
 }
 

@@ -5,7 +5,8 @@
 //            phase), recompute ms/GiB per candidate, FP8 speedup per Linear, memory by phase
 //   recipe:  settings, the candidate recipes the tuner considered (memory vs step time), every decision with its
 //            reason, predicted vs measured (measured = the runs, else the profile)
-//   runs:    summary table (median data wait included), throughput, data-loader wait and loss over steps
+//   runs:    summary table (precision and median data wait included), throughput (every step, faint, and its
+//            rolling median), data-loader wait and loss over steps
 // The candidate convention (what the tuner emits so the trade-off plot finds it) is in reports/README.md.
 #pragma once
 
@@ -25,6 +26,7 @@ struct ReportRun {
   std::string file;  // run.json
   formats::RunRecord run;
   std::vector<formats::MetricsRow> metrics;  // every step (warm-up included) when metrics.jsonl was found
+  std::optional<formats::Recipe> recipe;     // the run's recipe.json, when its directory has one
 };
 
 struct ReportInput {
@@ -35,8 +37,11 @@ struct ReportInput {
   std::vector<ReportRun> runs;
 };
 
-// A run directory (run.json + metrics.jsonl when present) or a run.json file. Errors: formats::FormatError.
+// A run directory (run.json; metrics.jsonl and recipe.json when present) or a run.json file (and the metrics.jsonl
+// and recipe.json beside it when it is named run.json). Errors: formats::FormatError.
 ReportRun read_report_run(const std::string& path);
+// The files read_report_run reads for `path` (those that exist), so an output can be checked against them.
+std::vector<std::string> report_run_files(const std::string& path);
 // read_report_run of each path; repeated names get " (2)", " (3)", ... so the legend tells them apart.
 std::vector<ReportRun> read_report_runs(const std::vector<std::string>& paths);
 

@@ -15,6 +15,7 @@ namespace {
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr size_t kMaxGemmRows = 400;   // the per-GEMM table (inside <details>) stops here
 constexpr size_t kMaxKernelRows = 20;  // the kernel table of the module section
+constexpr size_t kMaxHotSpotRows = 15;
 
 std::string note(const std::string& text) {
   return "<p class=\"note\">" + escape_html(text) + "</p>";
@@ -40,6 +41,21 @@ struct ClassNode {
 
 std::string class_label(const ClassNode& n) {
   return n.count > 1 ? n.pattern + " \u00d7" + std::to_string(n.count) : n.pattern;
+}
+
+// Patterns that differ only in a layer index, as one "…layers.* \u00d7N" line each, in first-seen order.
+std::vector<std::string> fold_patterns(const std::vector<std::string>& patterns) {
+  std::vector<std::pair<std::string, size_t>> folded;
+  std::map<std::string, size_t> index;
+  for (const auto& p : patterns) {
+    const std::string f = formats::fold_indices(p);
+    auto [it, fresh] = index.emplace(f, folded.size());
+    if (fresh) folded.push_back({f, 0});
+    ++folded[it->second].second;
+  }
+  std::vector<std::string> out;
+  for (const auto& [f, n] : folded) out.push_back(n > 1 ? f + " \u00d7" + std::to_string(n) : f);
+  return out;
 }
 
 // "0.40 (0.4%)": the median data wait and its share of the step; "not measured" (unknown is not 0).
@@ -117,22 +133,31 @@ std::string module_section(const formats::BatchProfile& b) {
   html += note("Bars sum to " + fixed(sum, 1) + " ms; attributed GPU time " +
                fixed(b.attribution.gpu_ms * b.attribution.attributed_fraction, 1) + " ms of " +
                fixed(b.attribution.gpu_ms, 1) + " ms; median step " + fixed(b.step_ms, 1) + " ms.");
+  if (std::any_of(bars.begin(), bars.end(), [](const ModuleBar& m) { return m.rest; }))
+    html += note(
+        "A bar ending in [rest] is a module whose children are drawn as bars of their own: [rest] is the "
+        "part of its time that none of its child modules accounts for (its own kernels between the "
+        "children, such as residual adds, reshapes and casts).");
 
-  // Hot spots: the largest exclusive times, unfolded.
-  std::vector<const formats::ModuleCost*> rows;
-  for (const auto& m : b.modules) rows.push_back(&m);
-  std::stable_sort(rows.begin(), rows.end(), [](auto* x, auto* y) { return x->self_ms > y->self_ms; });
+  // Hot spots: the largest exclusive times, the layers of one class folded into one row (layers.* x18).
+  const std::vector<HotSpot> spots = hot_spots(b);
   std::vector<std::vector<std::string>> table;
-  for (size_t i = 0; i < rows.size() && i < 15; ++i) {
-    const auto& m = *rows[i];
-    table.push_back({m.fqn, m.kind, fixed(m.self_ms, 3), fixed(m.forward_ms, 3), fixed(m.backward_ms, 3),
-                     fixed(m.recompute_ms, 3), std::to_string(m.kernels), fixed(gib(m.activation_bytes), 3),
-                     m.recomputed ? "yes" : ""});
+  for (size_t i = 0; i < spots.size() && i < kMaxHotSpotRows; ++i) {
+    const HotSpot& h = spots[i];
+    table.push_back({h.count > 1 ? h.pattern + " \u00d7" + std::to_string(h.count) : h.pattern, h.kind,
+                     fixed(h.self_ms, 3), fixed(h.forward_ms, 3), fixed(h.backward_ms, 3), fixed(h.recompute_ms, 3),
+                     std::to_string(h.kernels), fixed(gib(h.activation_bytes), 3),
+                     h.recomputed == 0         ? ""
+                     : h.recomputed == h.count ? "yes"
+                                               : std::to_string(h.recomputed) + " of " + std::to_string(h.count)});
   }
-  html +=
-      "<h3>Hot spots (exclusive time)</h3>" + html_table({"module", "kind", "self ms", "forward ms", "backward ms",
-                                                          "recompute ms", "kernels", "activation GiB", "recomputed"},
-                                                         table, 2);
+  html += "<h3>Hot spots (exclusive time)</h3>" +
+          html_table({"module", "kind", "self ms", "forward ms", "backward ms", "recompute ms", "kernels",
+                      "activation GiB", "recomputed"},
+                     table, 2) +
+          note(
+              "Exclusive time: a module's own kernels, not its children's. Modules that differ only in a layer index "
+              "are one row (their index is '*', \u00d7N counts them) with their times summed.");
   if (!b.kernels.empty()) {
     // The largest kernels and where they ran (profile.json's kernel sites: module with layer indices folded, phase).
     std::vector<std::vector<std::string>> kernels;
@@ -161,7 +186,7 @@ std::string recompute_section(const formats::BatchProfile& b) {
   for (const auto& c : b.recompute) {
     if (c.ms_per_gib_saved) chart.bars.push_back({c.name, {*c.ms_per_gib_saved}});
     std::string patterns;
-    for (const auto& p : c.patterns) patterns += (patterns.empty() ? "" : "\n") + p;
+    for (const auto& p : fold_patterns(c.patterns)) patterns += (patterns.empty() ? "" : "\n") + p;
     rows.push_back({c.name, patterns, c.added ? "recompute in addition" : "stop recomputing", fixed(c.step_ms_delta, 2),
                     fixed(c.peak_gib_delta, 2), c.ms_per_gib_saved ? fixed(*c.ms_per_gib_saved, 3) : "-"});
   }
@@ -328,6 +353,31 @@ std::vector<ModuleBar> module_bars(const formats::BatchProfile& batch, size_t ma
   std::sort(ordered.begin(), ordered.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
   std::vector<ModuleBar> out;
   for (auto& [key, b] : ordered) out.push_back(std::move(b));
+  return out;
+}
+
+std::vector<HotSpot> hot_spots(const formats::BatchProfile& batch) {
+  std::vector<HotSpot> out;
+  std::map<std::string, size_t> index;
+  for (const auto& m : batch.modules) {
+    const std::string pat = formats::fold_indices(m.fqn);
+    auto [it, fresh] = index.emplace(pat, out.size());
+    if (fresh) {
+      out.emplace_back();
+      out.back().pattern = pat;
+      out.back().kind = m.kind;
+    }
+    HotSpot& h = out[it->second];
+    ++h.count;
+    h.recomputed += m.recomputed ? 1 : 0;
+    h.self_ms += m.self_ms;
+    h.forward_ms += m.forward_ms;
+    h.backward_ms += m.backward_ms;
+    h.recompute_ms += m.recompute_ms;
+    h.kernels += m.kernels;
+    h.activation_bytes += m.activation_bytes;
+  }
+  std::stable_sort(out.begin(), out.end(), [](const HotSpot& x, const HotSpot& y) { return x.self_ms > y.self_ms; });
   return out;
 }
 

@@ -28,6 +28,17 @@ struct ModuleBar {
 std::vector<ModuleBar> module_bars(const formats::BatchProfile& batch, size_t max_bars);
 inline constexpr size_t kMaxModuleBars = 32;
 
+// The hot-spot rows: modules grouped by FQN with layer indices replaced by '*' (formats::fold_indices), exclusive and
+// per-phase times, kernels and activation bytes summed over the group; largest self_ms first.
+struct HotSpot {
+  std::string pattern, kind;
+  size_t count = 0;       // modules in the group
+  size_t recomputed = 0;  // of which recomputed
+  double self_ms = 0, forward_ms = 0, backward_ms = 0, recompute_ms = 0;
+  int64_t kernels = 0, activation_bytes = 0;
+};
+std::vector<HotSpot> hot_spots(const formats::BatchProfile& batch);
+
 // GEMMs grouped by name with layer indices replaced by '*' (18 layers' q_proj are one class).
 struct GemmClass {
   std::string pattern;

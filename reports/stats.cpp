@@ -56,6 +56,17 @@ double median(std::vector<double> values) {
   return 0.5 * (lo + hi);
 }
 
+std::vector<double> rolling_median(const std::vector<double>& values, size_t window) {
+  const size_t half = std::max<size_t>(window, 1) / 2;
+  std::vector<double> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    const size_t lo = i >= half ? i - half : 0, hi = std::min(values.size(), i + half + 1);
+    out[i] = median(std::vector<double>(values.begin() + static_cast<std::ptrdiff_t>(lo),
+                                        values.begin() + static_cast<std::ptrdiff_t>(hi)));
+  }
+  return out;
+}
+
 MannWhitney mann_whitney_u(const std::vector<double>& baseline, const std::vector<double>& candidate, UMethod method) {
   require_finite(baseline, "baseline");
   require_finite(candidate, "candidate");

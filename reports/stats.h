@@ -15,6 +15,11 @@ namespace vlatune::reports {
 // Median of the finite values (NaN when there are none). The input is copied, not reordered.
 double median(std::vector<double> values);
 
+// Centered rolling median: out[i] is the median of the finite values among values[i - w/2 .. i + w/2] (clipped at
+// the ends; NaN when there are none). Robust to the single slow steps (a checkpoint, a data stall) that a moving
+// average would smear. `window` >= 1.
+std::vector<double> rolling_median(const std::vector<double>& values, size_t window);
+
 struct MannWhitney {
   double u_baseline = 0;   // U of the first sample: pairs (b, c) with b > c, ties counted 1/2
   double u_candidate = 0;  // U of the second sample; u_baseline + u_candidate = n_baseline * n_candidate

@@ -52,11 +52,6 @@ int tick_digits(const std::vector<double>& ticks) {
   return std::clamp(static_cast<int>(-std::floor(std::log10(step) + 1e-9)), 0, 6);
 }
 
-std::string shorten(const std::string& s, size_t max_chars) {
-  if (s.size() <= max_chars || max_chars < 4) return s;
-  return "\u2026" + s.substr(s.size() - (max_chars - 1));
-}
-
 void open_svg(std::ostringstream& o, int width, int height, const std::string& title) {
   o << "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" width=\"" << width << "\" height=\"" << height
     << "\" viewBox=\"0 0 " << width << " " << height << "\" role=\"img\" font-family=\"sans-serif\" font-size=\"11\">"
@@ -65,8 +60,11 @@ void open_svg(std::ostringstream& o, int width, int height, const std::string& t
     << "<text x=\"8\" y=\"16\" font-size=\"13\" font-weight=\"bold\" fill=\"#222\">" << escape(title) << "</text>";
 }
 
-// Legend entries in one row starting at (x, y); wraps to further rows of 14 px when the row is full.
-void legend(std::ostringstream& o, const std::vector<std::string>& names, double x0, double y0, double max_x) {
+// Legend entries in one row starting at (x, y); wraps to further rows of 14 px when the row is full. Entry i has
+// palette colour colors[i] (default: i).
+void legend(std::ostringstream& o, const std::vector<std::string>& names, double x0, double y0, double max_x,
+            std::vector<size_t> colors = {}) {
+  for (size_t i = colors.size(); i < names.size(); ++i) colors.push_back(i);
   double x = x0, y = y0;
   for (size_t i = 0; i < names.size(); ++i) {
     const double w = 18 + kCharWidth * static_cast<double>(names[i].size()) + 12;
@@ -74,7 +72,7 @@ void legend(std::ostringstream& o, const std::vector<std::string>& names, double
       x = x0;
       y += 14;
     }
-    o << "<rect x=\"" << px(x) << "\" y=\"" << px(y - 8) << "\" width=\"12\" height=\"8\" fill=\"" << color(i)
+    o << "<rect x=\"" << px(x) << "\" y=\"" << px(y - 8) << "\" width=\"12\" height=\"8\" fill=\"" << color(colors[i])
       << "\"/><text x=\"" << px(x + 16) << "\" y=\"" << px(y) << "\" fill=\"#333\">" << escape(names[i]) << "</text>";
     x += w;
   }
@@ -128,6 +126,9 @@ Series decimate(const Series& s) {
   if (n <= kMaxLinePoints) return s;
   Series out;
   out.name = s.name;
+  out.color_index = s.color_index;
+  out.faint = s.faint;
+  out.in_legend = s.in_legend;
   for (size_t b = 0; b < kMaxLinePoints; ++b) {
     const size_t lo = b * n / kMaxLinePoints, hi = (b + 1) * n / kMaxLinePoints;
     double sx = 0, sy = 0;
@@ -177,6 +178,17 @@ std::string escape(const std::string& text) {
   return out;
 }
 
+std::string shorten_label(const std::string& label, size_t max_chars) {
+  if (label.size() <= max_chars || max_chars < 8) return label;
+  std::string suffix;  // " ×27", " ×27 [rest]"
+  const size_t times = label.rfind(" \u00d7");
+  if (times != std::string::npos && label.size() - times <= 16) suffix = label.substr(times);
+  const std::string ellipsis = "\u2026";
+  size_t keep = max_chars > suffix.size() + ellipsis.size() + 4 ? max_chars - suffix.size() - ellipsis.size() : 4;
+  while (keep > 0 && (static_cast<unsigned char>(label[keep]) & 0xC0) == 0x80) --keep;  // not inside a character
+  return label.substr(0, keep) + ellipsis + suffix;
+}
+
 std::vector<double> nice_ticks(double lo, double hi, int target) {
   if (!(hi > lo)) return {lo};
   const double raw = (hi - lo) / std::max(1, target);
@@ -200,10 +212,15 @@ std::string line_chart(const LineChart& c) {
   for (const auto& s : c.series) series.push_back(decimate(s));
   std::vector<double> xs, ys;
   std::vector<std::string> names;
-  for (const auto& s : series) {
+  std::vector<size_t> colors;
+  auto color_of = [&](size_t i) { return series[i].color_index >= 0 ? static_cast<size_t>(series[i].color_index) : i; };
+  for (size_t i = 0; i < series.size(); ++i) {
+    const Series& s = series[i];
     xs.insert(xs.end(), s.x.begin(), s.x.end());
     ys.insert(ys.end(), s.y.begin(), s.y.end());
+    if (!s.in_legend) continue;
     names.push_back(s.name);
+    colors.push_back(color_of(i));
   }
   const double x0 = 64, x1 = c.width - 16.0;
   const double y0 = 30 + 14 * legend_rows(names, x0, x1) + 6, y1 = c.height - 40.0;
@@ -211,7 +228,7 @@ std::string line_chart(const LineChart& c) {
 
   std::ostringstream o;
   open_svg(o, c.width, c.height, c.title);
-  legend(o, names, x0, 32, x1);
+  legend(o, names, x0, 32, x1, colors);
   axes(o, x0, x1, y0, y1, xr, yr, c.x_label, c.y_label);
   for (size_t i = 0; i < series.size(); ++i) {
     const Series& s = series[i];
@@ -227,19 +244,23 @@ std::string line_chart(const LineChart& c) {
       d += (pen_down ? "L" : "M") + px(x) + " " + px(y);
       pen_down = true;
     }
-    o << "<path class=\"series\" d=\"" << d << "\" fill=\"none\" stroke=\"" << color(i)
-      << "\" stroke-width=\"1.5\"><title>" << escape(s.name) << "</title></path>";
+    o << "<path class=\"series\" d=\"" << d << "\" fill=\"none\" stroke=\"" << color(color_of(i))
+      << (s.faint ? "\" stroke-opacity=\"0.3\" stroke-width=\"1\"><title>" : "\" stroke-width=\"1.5\"><title>")
+      << escape(s.name) << "</title></path>";
   }
   o << "</svg>";
   return o.str();
 }
 
 std::string bar_chart(const BarChart& c) {
+  // Labels get the room they need, the chart growing up to kMaxBarChartWidth while the bars keep at least 300 px.
   size_t max_label = 0;
   for (const auto& b : c.bars) max_label = std::max(max_label, b.label.size());
-  const double label_w = std::clamp(kCharWidth * static_cast<double>(max_label) + 8, 60.0, 360.0);
+  const double max_label_w = std::max(360.0, kMaxBarChartWidth - 64.0 - 300.0 - 4.0);
+  const double label_w = std::clamp(kCharWidth * static_cast<double>(max_label) + 8, 60.0, max_label_w);
   const size_t label_chars = static_cast<size_t>((label_w - 8) / kCharWidth);
-  const double x0 = label_w + 4, x1 = c.width - 64.0;
+  const int width = std::clamp(static_cast<int>(label_w + 4 + 300 + 64), c.width, std::max(c.width, kMaxBarChartWidth));
+  const double x0 = label_w + 4, x1 = width - 64.0;
   const bool stacked = c.components.size() > 1;
   const double y0 = 30 + (stacked ? 14 * legend_rows(c.components, x0, x1) : 0) + 4;
   const double row = 18;
@@ -259,7 +280,7 @@ std::string bar_chart(const BarChart& c) {
   const auto sx = [&](double v) { return x0 + (v - xr.lo) / (xr.hi - xr.lo) * (x1 - x0); };
 
   std::ostringstream o;
-  open_svg(o, c.width, height, c.title);
+  open_svg(o, width, height, c.title);
   if (stacked) legend(o, c.components, x0, 32, x1);
   const int xd = tick_digits(xt);
   o << "<g stroke=\"#e4e4e4\">";
@@ -275,7 +296,7 @@ std::string bar_chart(const BarChart& c) {
     const double y = y0 + row * static_cast<double>(i);
     o << "<g class=\"bar\"><title>" << escape(b.label) << ": " << fixed(totals[i], c.value_digits) << "</title>";
     o << "<text x=\"" << px(label_w) << "\" y=\"" << px(y + 13) << "\" text-anchor=\"end\" fill=\"#333\">"
-      << escape(shorten(b.label, label_chars)) << "</text>";
+      << escape(shorten_label(b.label, label_chars)) << "</text>";
     double acc = 0;
     for (size_t k = 0; k < b.values.size(); ++k) {
       const double v = std::isfinite(b.values[k]) ? std::max(b.values[k], 0.0) : 0.0;

@@ -20,6 +20,9 @@ std::string escape(const std::string& text);
 struct Series {
   std::string name;
   std::vector<double> x, y;  // equal lengths; a NaN y breaks the line
+  int color_index = -1;      // palette entry; -1: the series' position in the chart
+  bool faint = false;        // drawn thin and pale (raw samples behind a smoothed line of the same colour)
+  bool in_legend = true;     // false: no legend entry (its name still shows on hover)
 };
 
 struct LineChart {
@@ -33,7 +36,8 @@ inline constexpr size_t kMaxLinePoints = 1000;
 std::string line_chart(const LineChart& chart);
 
 struct Bar {
-  std::string label;           // shown left of the bar, shortened from the left when long (full text on hover)
+  std::string label;           // shown left of the bar; a long one is cut at its end, keeping a trailing " ×N"
+                               // count (full text on hover)
   std::vector<double> values;  // one per component, >= 0 (negative values are drawn as 0)
 };
 
@@ -43,9 +47,10 @@ struct BarChart {
   std::vector<Bar> bars;                // top to bottom
   std::optional<double> reference;      // a dashed vertical line, e.g. speedup 1.0
   std::string reference_label;
-  int width = 720;
+  int width = 720;       // grows (up to kMaxBarChartWidth) so that long labels fit
   int value_digits = 2;  // decimals of the total printed after each bar
 };
+inline constexpr int kMaxBarChartWidth = 980;
 std::string bar_chart(const BarChart& chart);
 
 struct Point {
@@ -62,6 +67,11 @@ struct ScatterChart {
   int width = 720, height = 340;
 };
 std::string scatter_chart(const ScatterChart& chart);
+
+// `label` within `max_chars` bytes: cut at its end with "…" (at a UTF-8 character boundary), keeping a trailing
+// " ×N" count (and what follows it, such as " [rest]") so that a folded class still says how many modules it stands
+// for.
+std::string shorten_label(const std::string& label, size_t max_chars);
 
 // "Nice" axis ticks covering [lo, hi] (steps of 1, 2 or 5 x 10^k, about `target` of them).
 std::vector<double> nice_ticks(double lo, double hi, int target = 5);

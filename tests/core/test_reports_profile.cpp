@@ -9,6 +9,7 @@
 #include "reports/check.h"
 #include "reports/report.h"
 #include "reports/report_profile.h"
+#include "reports/svg.h"
 #include "temp_dir.h"
 
 namespace {
@@ -229,4 +230,66 @@ TEST_CASE("The profile section shows the data wait beside the step time, and say
 
   CHECK(vlatune::reports::data_wait_share(with_wait(12.0).batches[0]) == Approx(0.12));
   CHECK_FALSE(vlatune::reports::data_wait_share(small_profile(100.0).batches[0]).has_value());
+}
+
+TEST_CASE("Hot spots fold the layers of one class into one row (layers.* xN) with their times summed",
+          "[reports][html][profile]") {
+  const auto spots = vlatune::reports::hot_spots(small_profile(100.0).batches[0]);
+  REQUIRE(spots.size() == 5);                   // m, m.layers.*, m.layers.*.mlp, m.head, <optimizer>
+  CHECK(spots[0].pattern == "m.layers.*.mlp");  // 6 + 6 ms: ties with the optimizer, seen first
+  CHECK(spots[0].count == 2);
+  CHECK(spots[0].self_ms == Approx(6.0 + 6.0));
+  CHECK(spots[0].forward_ms == Approx(2.0 + 2.0));
+  CHECK(spots[0].kernels == 6);
+  CHECK(spots[1].pattern == "<optimizer>");
+  CHECK(spots[2].pattern == "m.layers.*");
+  CHECK(spots[2].self_ms == Approx(3.0 + 3.0));
+  vlatune::reports::ReportInput in;
+  in.profile = small_profile(100.0);
+  in.profile_file = "profile.json";
+  const std::string html = vlatune::reports::render_report(in);
+  const size_t hot = html.find("Hot spots (exclusive time)");
+  REQUIRE(hot != std::string::npos);
+  const std::string table = html.substr(hot, html.find("</table>", hot) - hot);
+  CHECK(table.find("<td>m.layers.*.mlp \u00d72</td>") != std::string::npos);
+  CHECK(table.find("m.layers.0.mlp") == std::string::npos);
+  CHECK(table.find("m.layers.1") == std::string::npos);
+}
+
+TEST_CASE("The recompute table folds per-layer patterns and the module chart explains [rest]",
+          "[reports][html][profile]") {
+  Profile p = small_profile(100.0);
+  p.batches[0].recompute[0].patterns = {"m.layers.0.mlp", "m.layers.1.mlp", "m.head"};
+  vlatune::reports::ReportInput in;
+  in.profile = p;
+  in.profile_file = "profile.json";
+  const std::string html = vlatune::reports::render_report(in);
+  const size_t rec = html.find("id=\"recompute\"");
+  REQUIRE(rec != std::string::npos);
+  const std::string section = html.substr(rec, html.find("</section>", rec) - rec);
+  CHECK(section.find("<td>m.layers.*.mlp \u00d72\nm.head</td>") != std::string::npos);
+  CHECK(section.find("m.layers.0.mlp") == std::string::npos);
+  // The chart has [rest] bars (small_profile: m and m.layers.* have time of their own): the note says what they are.
+  CHECK(html.find("[rest] is the part of its time that none of its child modules accounts for") != std::string::npos);
+}
+
+TEST_CASE("Long bar labels are cut at their end, keeping the xN count; the chart grows for them", "[reports][html]") {
+  using vlatune::reports::svg::shorten_label;
+  const std::string fqn = "paligemma_with_expert.paligemma.model.vision_tower.vision_model.encoder.layers.*.mlp";
+  CHECK(shorten_label(fqn, 200) == fqn);
+  const std::string cut = shorten_label(fqn + " \u00d727", 40);
+  CHECK(cut.rfind("paligemma_with_expert.paligemma", 0) == 0);  // the start stays
+  CHECK(cut.size() <= 40);
+  CHECK(cut.substr(cut.size() - 5) == " \u00d727");
+  CHECK(cut.find("\u2026") != std::string::npos);
+  const std::string rest = shorten_label(fqn + " \u00d727 [rest]", 40);
+  CHECK(rest.substr(rest.size() - 12) == " \u00d727 [rest]");
+  CHECK(shorten_label("a\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9", 9) ==
+        "a\u00e9\u00e9\u2026");  // whole characters
+  vlatune::reports::svg::BarChart chart;
+  chart.components = {"ms"};
+  chart.bars = {{fqn + " \u00d727", {1.0}}};
+  const std::string svg = vlatune::reports::svg::bar_chart(chart);
+  CHECK(svg.find(">" + fqn + " \u00d727</text>") != std::string::npos);  // fits whole in the wider chart
+  CHECK(svg.find("width=\"720\"") == std::string::npos);
 }

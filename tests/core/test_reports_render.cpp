@@ -2,6 +2,7 @@
 // Chromium (Debian's chromium, installed by scripts/setup.sh), a screenshot that is not blank.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -10,6 +11,7 @@
 
 #include "formats/json_io.h"
 #include "reports/report.h"
+#include "reports/stats.h"
 #include "reports/svg.h"
 #include "temp_dir.h"
 #if VLATUNE_HAVE_ZLIB
@@ -156,9 +158,9 @@ TEST_CASE("The report is self-contained, deterministic and has the charts its in
   // Candidates scatter + throughput + data wait + loss.
   CHECK(count(html, "<svg") == 4);
   CHECK(count(html, "class=\"point\"") == 3);
-  CHECK(count(html, "(chosen)") >= 2);                               // the chart label and the table row
-  CHECK(count(html, "budget 132.0 GiB") == 1);                       // the budget line
-  CHECK(count(html, "class=\"series\"") == 6);                       // two runs x (throughput, data wait, loss)
+  CHECK(count(html, "(chosen)") >= 2);          // the chart label and the table row
+  CHECK(count(html, "budget 132.0 GiB") == 1);  // the budget line
+  CHECK(count(html, "class=\"series\"") == 8);  // two runs x (throughput raw + smoothed, data wait, loss)
   CHECK(count(html, "cheapest memory: 0.8 ms per GiB saved") == 1);  // decisions table
   CHECK(count(html, "ms_per_gib_saved = 0.8000") == 1);
   // Names are escaped everywhere they appear.
@@ -285,7 +287,7 @@ TEST_CASE("The report renders in headless Chromium: not blank, and the SVGs are 
   std::ifstream dom_in(dir.file("report.dom"));
   const std::string dom((std::istreambuf_iterator<char>(dom_in)), std::istreambuf_iterator<char>());
   CHECK(count(dom, "<svg") == 4);
-  CHECK(count(dom, "class=\"series\"") == 6);
+  CHECK(count(dom, "class=\"series\"") == 8);
 #if VLATUNE_HAVE_ZLIB
   const auto img = vlatune::test::read_png_rgb(dir.file("report.png"));
   CHECK(img.width == 1100);
@@ -303,4 +305,36 @@ TEST_CASE("The report renders in headless Chromium: not blank, and the SVGs are 
 #else
   WARN("built without zlib: the screenshot's pixels are not checked, only the SVGs in the DOM");
 #endif
+}
+
+TEST_CASE("Throughput is drawn raw (faint) under its rolling median; each run's precision is in the table",
+          "[reports][html]") {
+  ReportInput in = sample_input();
+  in.runs[1].recipe = Recipe{};
+  in.runs[1].recipe->fp8.modules = {"a.*.b", "c"};
+  const std::string html = vlatune::reports::render_report(in);
+  const size_t thr = html.find("<title>Throughput over steps</title>"),
+               wait = html.find("<title>Data-loader wait per step</title>");
+  const std::string chart = html.substr(thr, wait - thr);
+  CHECK(count(chart, "class=\"series\"") == 4);
+  CHECK(count(chart, "stroke-opacity=\"0.3\"") == 2);  // the raw curves
+  CHECK(count(chart, "(every step)</title>") == 2);
+  CHECK(count(chart, ">bf16</text>") == 1);  // one legend entry per run
+  CHECK(count(html, "rolling median") >= 1);
+  CHECK(count(html, "<th>precision</th>") == 1);
+  CHECK(count(html, "<td class=\"num\">bf16 + FP8 (2 patterns)</td>") == 1);
+  CHECK(count(html, "<td class=\"num\">-</td>") >= 1);  // the run without a recipe.json
+}
+
+TEST_CASE("rolling_median follows the level and ignores single spikes", "[reports][stats]") {
+  std::vector<double> v(21, 10.0);
+  v[10] = 1000.0;  // one slow step
+  const auto m = vlatune::reports::rolling_median(v, 5);
+  REQUIRE(m.size() == v.size());
+  for (double x : m) CHECK(x == 10.0);
+  CHECK(vlatune::reports::rolling_median({1, 2, 3}, 1) == std::vector<double>{1, 2, 3});
+  const auto edges = vlatune::reports::rolling_median({1, 2, 3, 4, 5}, 3);
+  CHECK(edges == std::vector<double>{1.5, 2, 3, 4, 4.5});
+  CHECK(vlatune::reports::rolling_median({}, 5).empty());
+  CHECK(std::isnan(vlatune::reports::rolling_median({NAN}, 3)[0]));
 }

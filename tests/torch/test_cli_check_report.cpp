@@ -148,3 +148,115 @@ TEST_CASE("vlatune report writes one HTML file from a recipe and runs; bad input
   CHECK(bad.code == 4);
   CHECK(has(bad.err, "$.batch.micro_batch"));
 }
+
+TEST_CASE("vlatune check refuses non-finite and out-of-range thresholds instead of passing a regression",
+          "[cli][check]") {
+  const std::string d = temp_dir();
+  vlatune::formats::write_run_record(run(800), d + "/base.json");
+  vlatune::formats::write_run_record(run(1600), d + "/doubled.json");  // twice as slow: a regression
+  CHECK(cli({"check", "--baseline", d + "/base.json", "--candidate", d + "/doubled.json"}).code == 1);
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{{"--alpha", "nan"},
+                                                                                    {"--alpha", "inf"},
+                                                                                    {"--threshold", "nan"},
+                                                                                    {"--threshold", "-inf"},
+                                                                                    {"--threshold", "1e400"},
+                                                                                    {"--rtol", "nan"},
+                                                                                    {"--pearson-min", "nan"},
+                                                                                    {"--mre-max", "inf"},
+                                                                                    {"--alpha", "0.9"}}) {
+    INFO(flag << " " << value);
+    auto r = cli({"check", "--baseline", d + "/base.json", "--candidate", d + "/doubled.json", flag, value});
+    CHECK(r.code == 4);
+    CHECK(has(r.err, flag));
+    CHECK_FALSE(has(r.out, "verdict: pass"));
+  }
+}
+
+TEST_CASE("vlatune check: an empty or short candidate is incomparable (exit 3) with the counts, never a pass",
+          "[cli][check]") {
+  const std::string d = temp_dir();
+  vlatune::formats::write_run_record(run(800), d + "/base.json");
+  auto empty = run(800);
+  empty.step_ms.clear();
+  empty.loss.clear();
+  empty.grad_norm.clear();
+  empty.steps = 3;
+  vlatune::formats::write_run_record(empty, d + "/empty.json");
+  auto r = cli({"check", "--baseline", d + "/base.json", "--candidate", d + "/empty.json"});
+  CHECK(r.code == 3);
+  CHECK(has(r.out, "20 timed steps after warm-up in the baseline, 0 in the candidate"));
+  CHECK(has(r.out, "needs >= 9"));
+  CHECK_FALSE(has(r.out, "nan"));
+  auto short_run = run(800);
+  short_run.step_ms.resize(5);
+  short_run.loss.resize(5);
+  short_run.grad_norm.resize(5);
+  short_run.steps = 8;  // steps 3..7: the same losses as the baseline's there
+  vlatune::formats::write_run_record(short_run, d + "/short.json");
+  CHECK(cli({"check", "--baseline", d + "/base.json", "--candidate", d + "/short.json"}).code == 3);
+}
+
+TEST_CASE("vlatune check: a file that does not parse exits 4 naming the file and the JSON path, never 1",
+          "[cli][check]") {
+  const std::string d = temp_dir();
+  vlatune::formats::write_run_record(run(800), d + "/base.json");
+  std::string text = vlatune::formats::read_text_file(d + "/base.json");
+  const std::string key = "\"samples_per_s_median\": ";
+  text.replace(text.find(key) + key.size(), text.find(',', text.find(key)) - text.find(key) - key.size(), "1e400");
+  std::ofstream(d + "/overflow.json") << text;
+  auto r = cli({"check", "--baseline", d + "/base.json", "--candidate", d + "/overflow.json"});
+  CHECK(r.code == 4);
+  CHECK(has(r.err, d + "/overflow.json: $.samples_per_s_median"));
+  REQUIRE(::mkfifo((d + "/fifo.json").c_str(), 0600) == 0);
+  auto fifo = cli({"check", "--baseline", d + "/base.json", "--candidate", d + "/fifo.json"});
+  CHECK(fifo.code == 4);
+  CHECK(has(fifo.err, "not a regular file"));
+}
+
+TEST_CASE("vlatune check and report accept run directories and profile directories", "[cli][check][report]") {
+  const std::string d = temp_dir();
+  ::mkdir((d + "/base").c_str(), 0755);
+  ::mkdir((d + "/cand").c_str(), 0755);
+  vlatune::formats::write_run_record(run(800), d + "/base/run.json");
+  vlatune::formats::write_run_record(run(801), d + "/cand/run.json");
+  auto r = cli({"check", d + "/base", d + "/cand/"});
+  CHECK(r.code == 0);
+  CHECK(has(r.out, "baseline:  " + d + "/base/run.json"));
+  const std::string fixture = std::string(VLATUNE_FIXTURES_DIR) + "/profile_synthetic_pi05.json";
+  ::mkdir((d + "/prof").c_str(), 0755);
+  vlatune::formats::write_file_atomic(d + "/prof/profile.json", vlatune::formats::read_text_file(fixture));
+  auto p = cli({"check", d + "/prof", d + "/prof"});
+  CHECK(p.code == 3);  // read as a profile; its 6 timed steps are too few to gate on
+  CHECK(has(p.out, "baseline:  " + d + "/prof/profile.json"));
+  CHECK(has(p.out, "6 timed steps after warm-up in the baseline"));
+  auto rep = cli({"report", "--profile", d + "/prof", "--out", d + "/r.html"});
+  CHECK(rep.code == 0);
+  CHECK(has(vlatune::formats::read_text_file(d + "/r.html"), "profile: " + d + "/prof/profile.json"));
+}
+
+TEST_CASE("vlatune report refuses an output that is one of its inputs and shows each run's precision",
+          "[cli][report]") {
+  const std::string d = temp_dir();
+  ::mkdir((d + "/run_a").c_str(), 0755);
+  vlatune::formats::write_run_record(run(800), d + "/run_a/run.json");
+  vlatune::formats::Recipe fp32;
+  fp32.model_options.precision = vlatune::formats::Precision::kFp32Master;
+  fp32.fp8.modules = {"action_out_proj"};
+  vlatune::formats::write_recipe(fp32, d + "/run_a/recipe.json");
+  const std::string before = vlatune::formats::read_text_file(d + "/run_a/run.json");
+  for (const std::string& out : {d + "/run_a/run.json", d + "/run_a/recipe.json", d + "/run_a/./run.json"}) {
+    INFO(out);
+    auto r = cli({"report", "--run", d + "/run_a", "--out", out});
+    CHECK(r.code == 4);
+    CHECK(has(r.err, "same file as --run"));
+  }
+  CHECK(cli({"report", "--run", d + "/run_a", "--out", d + "/run_a"}).code == 4);  // a directory
+  CHECK(vlatune::formats::read_text_file(d + "/run_a/run.json") == before);
+  auto ok = cli({"report", "--run", d + "/run_a", "--out", d + "/report.html"});
+  REQUIRE(ok.code == 0);
+  CHECK(has(vlatune::formats::read_text_file(d + "/report.html"), "fp32-master + FP8 (1 pattern)"));
+  // An output that cannot be written is a failure (exit 1), not bad input.
+  auto unwritable = cli({"report", "--run", d + "/run_a", "--out", d + "/no/such/dir/report.html"});
+  CHECK(unwritable.code == 1);
+  CHECK(has(unwritable.err, d + "/no/such/dir/report.html"));
+}
