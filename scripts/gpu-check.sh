@@ -2,8 +2,8 @@
 # Builds vlatune on the GPU machine against its torch wheel, runs the GPU test cases ([.gpu]) and the CPU
 # tests, the benchmarks, and optionally the PyTorch reference beside them; prints a short table last.
 #
-# From the development machine (see README "GPU machine"):
-#   bash scripts/pack-deps.sh && mkdir -p .ref && cp ../shared/reference/pi05_torch_reference.py .ref/
+# From the development machine (see README "Testing and measuring on a GPU host"):
+#   bash scripts/pack-deps.sh && mkdir -p .ref && cp /path/to/pi05_torch_reference.py .ref/   (the PyTorch reference, kept outside this repository)
 #   device run: command "bash scripts/gpu-check.sh --ref compiled", carry [".deps", ".ref"]
 #
 # Environment: VLATUNE_COMMIT names the commit (else git's HEAD: a device copy's git metadata can lag the tree).
@@ -120,7 +120,7 @@ fi
 : >"$out/reference.jsonl"
 if [ -n "$refs" ]; then
   ref="$root/.ref/pi05_torch_reference.py"
-  [ -f "$ref" ] || { echo "gpu-check: $ref missing (copy ../shared/reference/ into .ref and carry it)" >&2; exit 4; }
+  [ -f "$ref" ] || { echo "gpu-check: $ref missing (put the PyTorch reference script there)" >&2; exit 4; }
   IFS=',' read -ra variants <<<"$refs"
   for v in "${variants[@]}"; do
     case "$v" in

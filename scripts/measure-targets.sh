@@ -10,12 +10,12 @@
 #          --curve-loss-only`); the plan grid (--grid DIR: scripts/plan-grid.sh, issue 6).
 #
 # From the development machine:
-#   bash scripts/pack-deps.sh && mkdir -p .ref && cp ../shared/reference/pi05_torch_reference.py .ref/
+#   bash scripts/pack-deps.sh && mkdir -p .ref && cp /path/to/pi05_torch_reference.py .ref/   (the PyTorch reference, kept outside this repository)
 #   device run (kind nvidia-h200-x2): command "bash scripts/measure-targets.sh --grid bench/grids/h200_57gib",
 #   carry [".deps", ".ref"]
 # Output: $OUT/{g0,g1}/ (gpu-check summaries, run.json files), $OUT/gate0 (the new baseline), $OUT/gate1 (check),
 # $OUT/prof_fp8, $OUT/num_*.json + numerics.txt, $OUT/grid; the last lines summarize. With --pack, $OUT holds
-# only measure-targets.tar.gz of all that (the device tool brings back a limited number of files).
+# only measure-targets.tar.gz of all that (a remote runner may bring back only a few files).
 #
 # Options: --tests SPEC (Catch2 spec of the GPU tests; default "[gpu]"), --grid DIR, --train-steps N (default 14),
 #          --fp8-recipe FILE, --pack, --only-gates (GPU 0: the perf gate only; GPU 1: the numerics gate and the grid),
