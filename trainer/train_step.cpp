@@ -1,5 +1,6 @@
 #include "trainer/train_step.h"
 
+#include "layout/pi05.h"
 #include "model/state_dict.h"
 #include "profiler/scope.h"
 #include "trainer/environment.h"
@@ -34,12 +35,9 @@ void setup_data_parallel(TrainingParts& parts, const TrainOptions& opt) {
   if (opt.dist_buckets != "groups" && opt.dist_buckets != "one")
     throw TrainInputError("--dist-buckets: expected groups or one, got '" + opt.dist_buckets + "'");
   options.overlap = opt.dist_buckets == "groups";
-  // Every layer's group would wait for the merged modulation GEMM's backward, the last of the step.
-  if (options.overlap) parts.applied.forward.merge_modulations = false;
-  // The token embedding's gradient comes from its lookup alone (the LM head is unused): non-zero in at most
-  // grad_accum x micro-batch x text length rows per rank.
+  // Non-zero in at most grad_accum x micro-batch x text length rows per rank.
   for (size_t p = 0; p < names.size(); ++p)
-    if (names[p] == "paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight")
+    if (layout::row_sparse_gradient(names[p]))
       options.row_sparse.push_back({p, parts.grad_accum * parts.batch * parts.source->text_len()});
   try {
     parts.buckets =

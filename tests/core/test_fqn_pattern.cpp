@@ -169,3 +169,13 @@ TEST_CASE("fold_indices turns layer indices into wildcards and leaves other segm
   CHECK(fold_indices("") == "");
   CHECK(vlatune::formats::fqn_matches(fold_indices("a.layers.3.mlp"), "a.layers.0.mlp"));
 }
+
+TEST_CASE("fqn_within is whole-segment containment", "[formats][fqn]") {
+  using vlatune::formats::fqn_within;
+  CHECK(fqn_within("a.b.c", "a.b"));
+  CHECK(fqn_within("a.b", "a.b"));
+  CHECK_FALSE(fqn_within("a.bc", "a.b"));
+  CHECK_FALSE(fqn_within("a.b", "a.b.c"));
+  CHECK_FALSE(fqn_within("time_mlp_in", "time_mlp"));
+  CHECK(fqn_within("x.mlp.gate_proj+up_proj", "x.mlp"));
+}

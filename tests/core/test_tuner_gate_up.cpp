@@ -10,12 +10,13 @@
 
 #include "formats/fqn_pattern.h"
 #include "formats/profile.h"
+#include "layout/pi05.h"
 #include "tuner/cost_model.h"
-#include "tuner/pi05_layout.h"
 #include "tuner/planner.h"
 
 using namespace vlatune;
 using namespace vlatune::tuner;
+using namespace vlatune::layout;
 
 namespace {
 
