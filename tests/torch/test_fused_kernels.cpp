@@ -1,6 +1,7 @@
-// kernels/fused_*: the autograd wrappers of the fused decoder kernels against autograd of their ATen references
-// (CPU, fp64: the wrappers' analytic backwards), the model's fused structure against the reference modules (CPU,
-// fp64, tiny config), and the CUDA kernels against an fp64 reference on fresh random inputs ([.gpu]).
+// kernels/ fused ops: the `_ref` functions against the formulas written out element by element (CPU, fp64), the
+// autograd wrappers against autograd of their `_ref` (CPU, fp64: the wrappers' analytic backwards), the model's
+// fused structure against the reference modules (CPU, fp64, tiny config), and the CUDA kernels against an fp64
+// reference on fresh random inputs ([.gpu]).
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
@@ -9,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/fused.h"
+#include "kernels/column_sums.h"
 #include "kernels/fused_ops.h"
 #include "model/pi05.h"
 #include "tensor_test_util.h"
@@ -99,6 +100,75 @@ std::pair<torch::Tensor, torch::Tensor> rope_tables(int64_t b, int64_t n, int64_
   return {ang.cos().to(dtype), ang.sin().to(dtype)};
 }
 
+// ---- The formulas element by element (spec §3, §4.3; SigLIP's LayerNorm), in double: the oracles of the `_ref`
+// functions, written without the ATen ops those use.
+
+// [rows, width] views of a [..., width] tensor in fp64, as nested vectors.
+std::vector<std::vector<double>> rows_of(const torch::Tensor& t) {
+  const auto c = t.detach().to(torch::kFloat64).contiguous().reshape({-1, t.size(-1)});
+  const auto a = c.accessor<double, 2>();
+  std::vector<std::vector<double>> out(static_cast<size_t>(c.size(0)), std::vector<double>(c.size(1)));
+  for (int64_t r = 0; r < c.size(0); ++r)
+    for (int64_t i = 0; i < c.size(1); ++i) out[r][i] = a[r][i];
+  return out;
+}
+
+torch::Tensor from_rows(const std::vector<std::vector<double>>& rows, at::IntArrayRef shape) {
+  std::vector<double> flat;
+  for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
+  return torch::tensor(flat, torch::kFloat64).reshape(shape);
+}
+
+// y = h / sqrt(mean(h^2) + eps) * (1 + w) + b per row; h = x + g * d (g, d, w, b broadcast per batch row of `tokens`).
+torch::Tensor rms_loops(const torch::Tensor& h_in, const torch::Tensor& scale, const torch::Tensor& shift,
+                        int64_t tokens, double eps) {
+  auto h = rows_of(h_in), sc = rows_of(scale), sh = shift.defined() ? rows_of(shift) : sc;
+  for (size_t r = 0; r < h.size(); ++r) {
+    const auto& s = sc[scale.numel() == h_in.size(-1) ? 0 : r / static_cast<size_t>(tokens)];
+    const auto& t = sh[scale.numel() == h_in.size(-1) ? 0 : r / static_cast<size_t>(tokens)];
+    double ss = 0;
+    for (double v : h[r]) ss += v * v;
+    const double rstd = 1.0 / std::sqrt(ss / static_cast<double>(h[r].size()) + eps);
+    for (size_t i = 0; i < h[r].size(); ++i) h[r][i] = h[r][i] * rstd * (1.0 + s[i]) + (shift.defined() ? t[i] : 0.0);
+  }
+  return from_rows(h, h_in.sizes());
+}
+
+torch::Tensor layer_norm_loops(const torch::Tensor& h_in, const torch::Tensor& w, const torch::Tensor& b, double eps) {
+  auto h = rows_of(h_in);
+  const auto wv = rows_of(w)[0], bv = rows_of(b)[0];
+  for (auto& row : h) {
+    double mean = 0, var = 0;
+    for (double v : row) mean += v;
+    mean /= static_cast<double>(row.size());
+    for (double v : row) var += (v - mean) * (v - mean);
+    const double rstd = 1.0 / std::sqrt(var / static_cast<double>(row.size()) + eps);
+    for (size_t i = 0; i < row.size(); ++i) row[i] = (row[i] - mean) * rstd * wv[i] + bv[i];
+  }
+  return from_rows(h, h_in.sizes());
+}
+
+// The heads [first, first + count) of positions [0, t) of a [B, t, (...) * d] output as [B, count, t, d], rotated:
+// [u cos - v sin | v cos + u sin] at position offset + n (cos, sin [B, 1, N, d / 2]); `rotate` false: copied.
+torch::Tensor heads_loops(const torch::Tensor& y, int64_t first, int64_t count, int64_t d, int64_t offset,
+                          const torch::Tensor& cos, const torch::Tensor& sin, bool rotate) {
+  const auto ya = y.accessor<double, 3>();
+  const auto ca = cos.accessor<double, 4>(), sa = sin.accessor<double, 4>();
+  auto out = torch::zeros({y.size(0), count, y.size(1), d}, torch::kFloat64);
+  auto oa = out.accessor<double, 4>();
+  const int64_t half = d / 2;
+  for (int64_t b = 0; b < y.size(0); ++b)
+    for (int64_t h = 0; h < count; ++h)
+      for (int64_t n = 0; n < y.size(1); ++n)
+        for (int64_t i = 0; i < half; ++i) {
+          const double u = ya[b][n][(first + h) * d + i], v = ya[b][n][(first + h) * d + half + i];
+          const double c = rotate ? ca[b][0][offset + n][i] : 1.0, s = rotate ? sa[b][0][offset + n][i] : 0.0;
+          oa[b][h][n][i] = u * c - v * s;
+          oa[b][h][n][half + i] = v * c + u * s;
+        }
+  return out;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------- CPU
@@ -113,6 +183,9 @@ TEST_CASE("The fused RMSNorm wrapper matches autograd of its reference, with and
   std::vector<torch::Tensor> seeds = {randn({3, 5, 32}), randn({3, 5, 32})};
   auto [out_f, grad_f] = run_with_grads(rms_fused, in, seeds);
   auto [out_r, grad_r] = run_with_grads(rms_ref, in, seeds);
+  const torch::Tensor h = residual ? in[0] + in[1] : in[0];
+  CHECK(rel_err(out_r[0], h) < 1e-15);
+  CHECK(rel_err(out_r[1], rms_loops(h, in[2], torch::Tensor(), 5, 1e-6)) < 1e-14);
   check_all(out_f, out_r, 1e-14, "output");
   check_all(grad_f, grad_r, 1e-12, "gradient");
 }
@@ -131,6 +204,9 @@ TEST_CASE("The fused adaRMS wrapper matches autograd of its reference, with and 
   std::vector<torch::Tensor> seeds = {randn({2, 7, 32}), randn({2, 7, 32})};
   auto [out_f, grad_f] = run_with_grads(ada_fused, in, seeds);
   auto [out_r, grad_r] = run_with_grads(ada_ref, in, seeds);
+  const torch::Tensor h = residual ? in[0] + in[2].contiguous() * in[1] : in[0];
+  CHECK(rel_err(out_r[0], h) < 1e-15);
+  CHECK(rel_err(out_r[1], rms_loops(h, in[3], in[4], 7, 1e-6)) < 1e-14);
   check_all(out_f, out_r, 1e-14, "output");
   check_all(grad_f, grad_r, 1e-12, "gradient");
 }
@@ -155,6 +231,23 @@ TEST_CASE("The fused RoPE+QKV wrapper matches autograd of its reference, with an
   std::vector<torch::Tensor> seeds = {randn({b, h, tq, d}), randn({b, hk, p + s, d}), randn({b, hk, p + s, d})};
   auto [out_f, grad_f] = run_with_grads(fused, in, seeds);
   auto [out_r, grad_r] = run_with_grads(ref, in, seeds);
+  {
+    // Prefix positions first; a prefix row holds [q (with prefix_q), k, v] heads, a suffix row [q, k, v].
+    const int64_t pq = prefix_q ? h : 0;
+    const auto k_want =
+        at::cat({heads_loops(in[0], pq, hk, d, 0, cos, sin, true), heads_loops(in[1], h, hk, d, p, cos, sin, true)}, 2);
+    const auto v_want = at::cat(
+        {heads_loops(in[0], pq + hk, hk, d, 0, cos, sin, false), heads_loops(in[1], h + hk, hk, d, p, cos, sin, false)},
+        2);
+    const auto q_want =
+        prefix_q
+            ? at::cat({heads_loops(in[0], 0, h, d, 0, cos, sin, true), heads_loops(in[1], 0, h, d, p, cos, sin, true)},
+                      2)
+            : heads_loops(in[1], 0, h, d, p, cos, sin, true);
+    CHECK(rel_err(out_r[0], q_want) < 1e-14);
+    CHECK(rel_err(out_r[1], k_want) < 1e-14);
+    CHECK(rel_err(out_r[2], v_want) < 1e-15);
+  }
   check_all(out_f, out_r, 1e-14, "output");
   check_all(grad_f, grad_r, 1e-12, "gradient");
 }
@@ -219,6 +312,8 @@ TEST_CASE("The fused LayerNorm wrapper matches autograd of its reference, with a
   std::vector<torch::Tensor> seeds = {randn({3, 5, 40}), randn({3, 5, 40})};
   auto [out_f, grad_f] = run_with_grads(fused, in, seeds);
   auto [out_r, grad_r] = run_with_grads(ref, in, seeds);
+  const torch::Tensor h = residual ? in[0] + in[1] : in[0];
+  CHECK(rel_err(out_r[1], layer_norm_loops(h, in[2], in[3], 1e-6)) < 1e-13);
   check_all(out_f, out_r, 1e-14, "output");
   check_all(grad_f, grad_r, 1e-12, "gradient");
 }
@@ -270,55 +365,6 @@ TEST_CASE("bias_grad on the CPU is ATen's sum over rows, cast to the parameter d
   const auto got = k::bias_grad(g, torch::kFloat64);
   CHECK(got.scalar_type() == torch::kFloat64);
   CHECK(torch::equal(got, g.reshape({-1, 24}).sum(0).to(torch::kFloat64)));
-}
-
-TEST_CASE("merged_modulations gives every adaRMS norm's dense(cond) from one GEMM, in layer order", "[fused][model]") {
-  using namespace vlatune::model;
-  const auto cfg = Pi05Config::tiny();
-  Pi05 net(cfg, torch::kCPU, torch::kFloat64);
-  init_weights(*net, 12);
-  GemmaModelImpl& ex = net->expert_model();
-  const auto linears = ex.modulation_linears();
-  REQUIRE(linears.size() == static_cast<size_t>(2 * cfg.expert.depth + 1));
-  CHECK(linears[0] == ex.layers[0]->input_ada->dense.get());
-  CHECK(linears[1] == ex.layers[0]->post_attention_ada->dense.get());
-  CHECK(linears.back() == ex.norm_ada->dense.get());
-  const auto cond = randn({3, cfg.expert.width}).requires_grad_(true);
-  const auto mods = ex.merged_modulations(cond);
-  REQUIRE(mods.size() == linears.size());
-  auto separate_cond = cond.detach().clone().requires_grad_(true);
-  torch::Tensor merged_sum = torch::zeros({}, torch::kFloat64), separate_sum = torch::zeros({}, torch::kFloat64);
-  for (size_t i = 0; i < mods.size(); ++i) {
-    INFO("norm " << i);
-    const auto want = const_cast<LinearImpl*>(linears[i])->forward(separate_cond);
-    CHECK(mods[i].sizes() == want.sizes());
-    CHECK(rel_err(mods[i], want) < 1e-14);
-    // Distinct weights per norm, so that a mixed-up order or gradient shows.
-    const auto seed = randn(want.sizes().vec());
-    merged_sum = merged_sum + (mods[i] * seed).sum();
-    separate_sum = separate_sum + (want * seed).sum();
-  }
-  const auto params = [&] {
-    std::vector<torch::Tensor> p;
-    for (const LinearImpl* l : linears) p.insert(p.end(), {l->weight, l->bias});
-    return p;
-  }();
-  auto inputs_merged = params, inputs_separate = params;
-  inputs_merged.push_back(cond);
-  inputs_separate.push_back(separate_cond);
-  const auto g_merged = torch::autograd::grad({merged_sum}, inputs_merged);
-  const auto g_separate = torch::autograd::grad({separate_sum}, inputs_separate);
-  for (size_t i = 0; i < g_merged.size(); ++i) {
-    INFO("gradient " << i);
-    CHECK(rel_err(g_merged[i], g_separate[i]) < 1e-12);
-  }
-  // No adaRMS in the prefix; an FP8 dense layer runs its own GEMM, so nothing is merged.
-  CHECK(net->language_model().modulation_linears().empty());
-  CHECK(net->language_model().merged_modulations(cond).empty());
-  net->set_fp8({"paligemma_with_expert.gemma_expert.model.layers.1.post_attention_layernorm.dense"});
-  CHECK(ex.merged_modulations(cond).empty());
-  net->set_fp8({});
-  CHECK(ex.merged_modulations(cond).size() == linears.size());
 }
 
 TEST_CASE("The model's fused structure gives the reference loss and gradients on the CPU (fp64, tiny)",

@@ -77,17 +77,6 @@ void check_packed(const m::Pi05Impl& net) {
   const auto bias = k::packed_rows({siglip.q_proj->bias, siglip.k_proj->bias, siglip.v_proj->bias});
   REQUIRE(bias.defined());
   CHECK(bias.data_ptr() == siglip.q_proj->bias.data_ptr());
-  // The expert's adaRMS dense Linears, in GemmaModelImpl::modulation_linears() order: one buffer each for weights
-  // and biases.
-  std::vector<torch::Tensor> mod_weights, mod_biases;
-  for (const m::LinearImpl* l : net.expert_model().modulation_linears()) {
-    mod_weights.push_back(l->weight);
-    mod_biases.push_back(l->bias);
-  }
-  const auto mod_stack = k::packed_rows(mod_weights);
-  REQUIRE(mod_stack.defined());
-  CHECK(mod_stack.data_ptr() == mod_weights[0].data_ptr());
-  CHECK(k::packed_rows(mod_biases).defined());
 }
 
 struct Step {
@@ -204,9 +193,8 @@ TEST_CASE(
   m::init_weights(*packed, 11);
   const auto before = state_of(*packed);
   CHECK_FALSE(packed->merged_weights_packed());
-  // Per SigLIP layer q/k/v weights and biases, per decoder layer and branch q/k/v and gate/up, and the expert's
-  // adaRMS dense weights and biases (GemmaModelImpl::merged_modulations).
-  const int64_t groups = 2 * cfg.vision.depth + 2 * (cfg.backbone.depth + cfg.expert.depth) + 2;
+  // Per SigLIP layer q/k/v weights and biases, per decoder layer and branch q/k/v and gate/up.
+  const int64_t groups = 2 * cfg.vision.depth + 2 * (cfg.backbone.depth + cfg.expert.depth);
   CHECK(packed->pack_merged_weights() == groups);
   CHECK(packed->pack_merged_weights() == 0);
   check_packed(*packed);
@@ -225,8 +213,8 @@ TEST_CASE(
   const Step got = fused_step(*packed, batch, m::Kernels::kFused);
   INFO("aten::cat per fused step: unpacked " << ref.cats << ", packed " << got.cats);
   // Per SigLIP layer 3 cats (weights forward and backward, biases forward), per decoder GEMM group 2; the last
-  // prefix layer runs only its k/v GEMM (no MLP); the adaRMS modulations' GEMM 3, as a SigLIP layer's.
-  const int64_t merged_cats = 3 * cfg.vision.depth + 4 * (cfg.backbone.depth + cfg.expert.depth) - 2 + 3;
+  // prefix layer runs only its k/v GEMM (no MLP).
+  const int64_t merged_cats = 3 * cfg.vision.depth + 4 * (cfg.backbone.depth + cfg.expert.depth) - 2;
   CHECK(ref.cats - got.cats == merged_cats);
   CHECK(torch::equal(got.loss, ref.loss));
   for (const auto& [name, g] : ref.grads) {

@@ -1,5 +1,5 @@
 // Q/K/V split of the merged QKV GEMM outputs of both branches, prefix+suffix concatenation and half-split RoPE
-// of q and k, in one pass; the backward is the inverse rotation and the inverse scatter (fused.h, fused.md).
+// of q and k, in one pass; the backward is the inverse rotation and the inverse scatter (rope_qkv.h, fused.md).
 // Torch-free: raw pointers, a stream, VLATUNE_CUDA_CHECK.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -8,26 +8,24 @@
 #include <string>
 
 #include "kernels/cuda_check.h"
-#include "kernels/fused.h"
 #include "kernels/fused_device.cuh"
+#include "kernels/rope_qkv.h"
 
 namespace vlatune::kernels {
 
-using fused_detail::from_float;
-using fused_detail::kVec;
-using fused_detail::load_pack;
-using fused_detail::NvtxRange;
-using fused_detail::Pack;
-using fused_detail::store_pack;
-using fused_detail::to_float;
+using namespace fused_detail;
 
 namespace {
 
-// One block per (batch, position): the position's row of heads is read once and written to the attention
-// inputs, token-major ([B, T, heads, D]: a position's heads are adjacent, as the varlen attention reads them).
-// 128 threads: Pi0.5 (8 q + 1 k heads of 256: 16 rotation items each, + 32 copy items of v) has 176
-// items per position; the tiny config 7.
+// Tile choices: one block per (batch, position): the position's row of heads is read once and written to the
+// attention inputs, token-major ([B, T, heads, D]: a position's heads are adjacent, as the varlen attention reads
+// them). 128 threads: Pi0.5 (8 q + 1 k heads of 256: 16 rotation items each, + 32 copy items of v) has 176 items per
+// position, so two passes of the block cover them; the tiny config 7.
 constexpr int kThreads = 128;
+
+int64_t rope_qkv_blocks(const RopeQkvParams& p) {
+  return p.batch * (p.prefix_len + p.suffix_len);
+}
 
 template <bool kForward, typename T>
 __global__ void __launch_bounds__(kThreads) rope_qkv_kernel(const RopeQkvParams p) {
@@ -98,7 +96,7 @@ void launch(const RopeQkvParams& p, cudaStream_t stream, const char* op) {
   if (!rope_qkv_supported(p.dtype, p.head_dim))
     throw std::invalid_argument(std::string(op) + ": unsupported head_dim " + std::to_string(p.head_dim) +
                                 " (head_dim / 2 must be a multiple of 16 bytes)");
-  const int64_t blocks = p.batch * (p.prefix_len + p.suffix_len);
+  const int64_t blocks = rope_qkv_blocks(p);
   if (blocks == 0) return;
   NvtxRange range(op);
   if (p.dtype == ActDtype::kBf16) {

@@ -1,5 +1,5 @@
-// Column sums: the norms' backward partials -> their parameter gradients, and Linear bias gradients (fused.h,
-// "sums"). Torch-free: raw pointers, a stream, VLATUNE_CUDA_CHECK.
+// A Linear's bias gradient (bias_grad.h): fp32 partial sums per chunk of rows, then column_sums.cu.
+// Torch-free: raw pointers, a stream, VLATUNE_CUDA_CHECK.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -7,52 +7,23 @@
 #include <cstdint>
 #include <stdexcept>
 
+#include "kernels/bias_grad.h"
+#include "kernels/column_sums.h"
 #include "kernels/cuda_check.h"
-#include "kernels/fused.h"
 #include "kernels/fused_device.cuh"
 
 namespace vlatune::kernels {
 
-using fused_detail::from_float;
-using fused_detail::kVec;
-using fused_detail::load_pack;
-using fused_detail::NvtxRange;
-using fused_detail::Pack;
-using fused_detail::to_float;
+using namespace fused_detail;
 
 namespace {
 
-// Column sums of fp32 partials: a block covers kSumCols columns with kSumGroups row groups (thread (x, y) sums
-// rows y, y + groups, ... of column x; the groups' sums are then added in group order), so a few hundred rows
-// (the norms' backward blocks) are read by 16 threads per column. Few rows (adaRMS: 4 token splits): one group of
-// 512 columns per block.
-constexpr int kSumThreads = 512;
-constexpr int kSumGroups = 16;
-constexpr int kSumCols = kSumThreads / kSumGroups;
-
-template <typename T>
-__global__ void __launch_bounds__(kSumThreads) column_sums_kernel(const ColumnSumParams p) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  float sum = 0.f;
-  if (c < p.cols)
-    for (int64_t r = threadIdx.y; r < p.rows; r += blockDim.y) sum += p.partials[r * p.cols + c];
-  if (blockDim.y == 1) {
-    if (c < p.cols) static_cast<T*>(p.out)[c] = from_float<T>(sum);
-    return;
-  }
-  __shared__ float group_sums[kSumGroups][kSumCols];
-  group_sums[threadIdx.y][threadIdx.x] = sum;
-  __syncthreads();
-  if (threadIdx.y != 0 || c >= p.cols) return;
-  float total = 0.f;
-  for (int g = 0; g < kSumGroups; ++g) total += group_sums[g][threadIdx.x];
-  static_cast<T*>(p.out)[c] = from_float<T>(total);
-}
-
-// Bias gradient, first pass: a block takes kBiasVecs 16-byte column vectors of one chunk of rows; its kBiasLanes row
-// lanes stride through the chunk with kBiasUnroll loads in flight each, and the lanes' sums are added in lane order
-// through shared memory ([lane][element][vector]: conflict-free), one partial per column and chunk. The grid is
-// sized to ~kBiasBlocksPerSm blocks per SM (columns x chunks) with at least kBiasMinRows rows per chunk.
+// Tile choices of the first pass: a block takes kBiasVecs 16-byte column vectors of one chunk of rows; its kBiasLanes
+// row lanes stride through the chunk with kBiasUnroll loads in flight each, and the lanes' sums are added in lane
+// order through shared memory ([lane][element][vector]: conflict-free), one partial per column and chunk. The grid is
+// sized to ~kBiasBlocksPerSm blocks per SM (columns x chunks) with at least kBiasMinRows rows per chunk (bias_grid).
+// Every warp reads whole 16-byte row vectors: in the H200 step the 113 calls take 2.5 ms, where ATen's bf16 column
+// reductions took 5.07 ms for 167 (bench/RESULTS.md, sixth and seventh sessions).
 constexpr int kBiasVecs = 32;
 constexpr int kBiasLanes = 8;
 constexpr int kBiasUnroll = 4;
@@ -119,20 +90,6 @@ __global__ void __launch_bounds__(kBiasVecs* kBiasLanes)
 }
 
 }  // namespace
-
-void launch_column_sums(const ColumnSumParams& p, CUstream_st* stream) {
-  if (p.rows <= 0 || p.cols <= 0) throw std::invalid_argument("launch_column_sums: rows and cols must be positive");
-  const bool grouped = p.rows >= 2 * kSumGroups;
-  const dim3 block(grouped ? kSumCols : kSumThreads, grouped ? kSumGroups : 1);
-  const auto blocks = static_cast<unsigned>((p.cols + block.x - 1) / block.x);
-  NvtxRange range("vlatune::column_sums");
-  if (p.dtype == ActDtype::kBf16) {
-    column_sums_kernel<__nv_bfloat16><<<blocks, block, 0, stream>>>(p);
-  } else {
-    column_sums_kernel<float><<<blocks, block, 0, stream>>>(p);
-  }
-  VLATUNE_CUDA_CHECK(cudaGetLastError());
-}
 
 bool bias_grad_supported(ActDtype dtype, int64_t cols) {
   const int vec = dtype == ActDtype::kBf16 ? kVec<__nv_bfloat16> : kVec<float>;
