@@ -51,10 +51,17 @@ void parse_data(const JsonCursor& c, Recipe::Data& d) {
 }
 
 void parse_model_options(const JsonCursor& c, Recipe::ModelOptions& m) {
-  c.expect_object({"skip_dead", "attention", "precision", "cuda_graph"});
+  c.expect_object({"skip_dead", "attention", "attention_backend", "precision", "cuda_graph"});
   if (auto v = c.find("skip_dead")) m.skip_dead = v->get_bool();
   if (auto v = c.find("attention")) {
     m.attention = v->get_enum({"lean", "materialized"}) == "lean" ? Attention::kLean : Attention::kMaterialized;
+  }
+  if (auto v = c.find("attention_backend")) {
+    const std::string b = v->get_enum({"auto", "cudnn", "flash", "sdpa"});
+    m.attention_backend = b == "cudnn"   ? AttentionBackend::kCudnn
+                          : b == "flash" ? AttentionBackend::kFlash
+                          : b == "sdpa"  ? AttentionBackend::kSdpa
+                                         : AttentionBackend::kAuto;
   }
   if (auto v = c.find("precision")) {
     m.precision = v->get_enum({"bf16", "fp32-master"}) == "bf16" ? Precision::kBf16 : Precision::kFp32Master;
@@ -118,6 +125,19 @@ std::vector<std::string> sorted_unique(std::vector<std::string> v) {
 const char* to_string(Attention v) {
   return v == Attention::kLean ? "lean" : "materialized";
 }
+const char* to_string(AttentionBackend v) {
+  switch (v) {
+    case AttentionBackend::kCudnn:
+      return "cudnn";
+    case AttentionBackend::kFlash:
+      return "flash";
+    case AttentionBackend::kSdpa:
+      return "sdpa";
+    case AttentionBackend::kAuto:
+      break;
+  }
+  return "auto";
+}
 const char* to_string(Precision v) {
   return v == Precision::kBf16 ? "bf16" : "fp32-master";
 }
@@ -136,10 +156,10 @@ bool operator==(const Recipe& a, const Recipe& b) {
   auto key = [](const Recipe& r) {
     return std::tie(r.schema, r.model, r.batch.micro_batch, r.batch.grad_accum, r.data.num_images, r.data.trim_text,
                     r.data.trim_multiple, r.model_options.skip_dead, r.model_options.attention,
-                    r.model_options.precision, r.model_options.cuda_graph_step, r.recompute.modules, r.fp8.scaling,
-                    r.fp8.modules, r.distributed.world_size, r.distributed.reduce_dtype, r.tuned_on.gpu,
-                    r.tuned_on.torch, r.tuned_on.profile, r.predicted.step_ms, r.predicted.peak_gib,
-                    r.predicted.samples_per_s, r.rationale);
+                    r.model_options.attention_backend, r.model_options.precision, r.model_options.cuda_graph_step,
+                    r.recompute.modules, r.fp8.scaling, r.fp8.modules, r.distributed.world_size,
+                    r.distributed.reduce_dtype, r.tuned_on.gpu, r.tuned_on.torch, r.tuned_on.profile,
+                    r.predicted.step_ms, r.predicted.peak_gib, r.predicted.samples_per_s, r.rationale);
   };
   if (key(a) != key(b) || a.groups.size() != b.groups.size()) return false;
   for (size_t i = 0; i < a.groups.size(); ++i) {
@@ -243,8 +263,11 @@ nlohmann::json recipe_to_json(const Recipe& r) {
         {"samples_per_s", optional_to_json(r.predicted.samples_per_s)}}},
       {"rationale", rationale},
   };
-  // Written only when on: the default recipe stays DESIGN.md's block, and its hash stays what runs stored.
+  // Written only when not the default: the default recipe stays DESIGN.md's block, and its hash stays what runs
+  // stored.
   if (r.model_options.cuda_graph_step) out["model_options"]["cuda_graph"] = "step";
+  if (r.model_options.attention_backend != AttentionBackend::kAuto)
+    out["model_options"]["attention_backend"] = to_string(r.model_options.attention_backend);
   return out;
 }
 

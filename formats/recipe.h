@@ -23,13 +23,18 @@ namespace vlatune::formats {
 inline constexpr const char* kRecipeSchema = "vlatune.recipe/1";
 
 enum class Attention { kLean, kMaterialized };  // "lean" | "materialized"
-enum class Precision { kBf16, kFp32Master };    // "bf16" | "fp32-master"
+// Which kernels run the lean joint attention on CUDA: "auto" cuDNN's padding-mask SDPA where it builds, else
+// FlashAttention-2 over variable-length sequences, else SDPA with the mask tensor; "cudnn" (or an error), "flash"
+// (FlashAttention-2 varlen), "sdpa" (the mask tensor). Elsewhere (CPU, fp32) SDPA with the mask tensor.
+enum class AttentionBackend { kAuto, kCudnn, kFlash, kSdpa };  // "auto" | "cudnn" | "flash" | "sdpa"
+enum class Precision { kBf16, kFp32Master };                   // "bf16" | "fp32-master"
 // Both are one scale per tensor. "tensorwise": current scaling (the amax of the tensor being cast);
 // "delayed": the amax history of the previous casts of that tensor (one pass; the first cast is current).
 enum class Fp8Scaling { kTensorwise, kDelayed };  // "tensorwise" | "delayed"
 enum class ReduceDtype { kBf16, kFp32 };          // "bf16" | "fp32"
 
 const char* to_string(Attention v);
+const char* to_string(AttentionBackend v);
 const char* to_string(Precision v);
 const char* to_string(Fp8Scaling v);
 const char* to_string(ReduceDtype v);
@@ -59,6 +64,7 @@ struct Recipe {
   struct ModelOptions {
     bool skip_dead = true;  // skip computation whose result is unused (exact)
     Attention attention = Attention::kLean;
+    AttentionBackend attention_backend = AttentionBackend::kAuto;
     Precision precision = Precision::kBf16;
     // "step": each training step (forward, backward, clipping, AdamW) replays one captured CUDA graph; "off": eager.
     bool cuda_graph_step = false;

@@ -14,14 +14,6 @@ std::vector<std::string> module_fqns(const torch::nn::Module& model) {
   return out;
 }
 
-namespace {
-// `inner` is `outer` or lies inside it (segment-wise prefix).
-bool fqn_nested(const std::string& inner, const std::string& outer) {
-  return inner == outer ||
-         (inner.size() > outer.size() && inner.compare(0, outer.size(), outer) == 0 && inner[outer.size()] == '.');
-}
-}  // namespace
-
 AppliedRecipe apply_recipe(const formats::Recipe& recipe, const std::string& file, model::Pi05Impl& model,
                            int world_size) {
   AppliedRecipe out;
@@ -36,6 +28,12 @@ AppliedRecipe apply_recipe(const formats::Recipe& recipe, const std::string& fil
   out.forward.attention = recipe.model_options.attention == formats::Attention::kMaterialized
                               ? model::Attention::kMaterialized
                               : model::Attention::kLean;
+  using Backend = formats::AttentionBackend;
+  const Backend backend = recipe.model_options.attention_backend;
+  out.forward.attention_backend = backend == Backend::kCudnn   ? kernels::AttentionBackend::kCudnn
+                                  : backend == Backend::kFlash ? kernels::AttentionBackend::kFlash
+                                  : backend == Backend::kSdpa  ? kernels::AttentionBackend::kSdpa
+                                                               : kernels::AttentionBackend::kAuto;
   out.precision = formats::to_string(recipe.model_options.precision);
 
   // 3. Recompute: patterns -> FQNs (errors: no match, nesting) -> the model (errors: not recomputable). The names
@@ -83,7 +81,7 @@ AppliedRecipe apply_recipe(const formats::Recipe& recipe, const std::string& fil
     for (const std::string& fqn : applied.modules) {
       for (const AppliedRecipe::AppliedGroup& other : out.groups) {
         for (const std::string& taken : other.modules) {
-          if (fqn_nested(fqn, taken) || fqn_nested(taken, fqn))
+          if (formats::fqn_within(fqn, taken) || formats::fqn_within(taken, fqn))
             throw formats::FormatError(file, path + ".modules",
                                        "module " + fqn + " overlaps " + taken + " of group '" + other.name +
                                            "': a module belongs to one group");

@@ -20,8 +20,6 @@
 #include "formats/metrics_jsonl.h"
 #include "formats/recipe.h"
 #include "formats/run_record.h"
-#include "kernels/cudnn_sdpa.h"
-#include "kernels/gemm_tuned.h"
 #include "model/pi05.h"
 #include "model/state_dict.h"
 #include "trainer/checkpoint.h"
@@ -515,8 +513,6 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& call
   if (cuda) run.peak_gib = peak_gib;
   run.environment = capture_environment(device, opt.config, formats::recipe_hash(recipe), world_size);
   formats::write_run_record(run, join_path(run_dir, "run.json"));
-  if (const std::string tuning = kernels::gemm_tuning_summary(); !tuning.empty()) log << tuning << "\n";
-  log << kernels::cudnn_sdpa_tuning_summary();
   log << "done: steps " << first_step << ".." << step << ", median ";
   if (timing_step_ms.empty())
     log << "n/a (no step after the " << opt.timing_warmup << " timing warm-up steps)";

@@ -33,6 +33,7 @@ Recipe full_recipe() {
   r.data.trim_multiple = 8;
   r.model_options.skip_dead = false;
   r.model_options.attention = Attention::kMaterialized;
+  r.model_options.attention_backend = AttentionBackend::kFlash;
   r.model_options.precision = Precision::kFp32Master;
   r.model_options.cuda_graph_step = true;
   r.recompute.modules = {"paligemma_with_expert.paligemma.model.language_model.layers.*.mlp"};
@@ -289,4 +290,25 @@ TEST_CASE("The hash of the default recipe is pinned", "[formats][recipe]") {
   // If this changes, every stored run.json stops matching its recipe: bump the schema instead.
   CHECK(recipe_hash(Recipe{}) == recipe_hash(parse_recipe(json::object(), "r.json")));
   CHECK(recipe_hash(Recipe{}) == "35a46b964672f4d0");
+}
+
+TEST_CASE("model_options.attention_backend reads every backend, is written only when set, and enters the hash",
+          "[formats][recipe]") {
+  const std::vector<std::pair<std::string, AttentionBackend>> backends = {{"auto", AttentionBackend::kAuto},
+                                                                          {"cudnn", AttentionBackend::kCudnn},
+                                                                          {"flash", AttentionBackend::kFlash},
+                                                                          {"sdpa", AttentionBackend::kSdpa}};
+  for (const auto& [name, backend] : backends) {
+    INFO(name);
+    const Recipe r =
+        parse_recipe(json::parse(R"({"model_options": {"attention_backend": ")" + name + R"("}})"), "recipe.json");
+    CHECK(r.model_options.attention_backend == backend);
+    CHECK(std::string(to_string(backend)) == name);
+    const json written = recipe_to_json(r);
+    CHECK(written["model_options"].contains("attention_backend") == (backend != AttentionBackend::kAuto));
+    CHECK((recipe_hash(r) == recipe_hash(Recipe{})) == (backend == AttentionBackend::kAuto));
+  }
+  const FormatError e = error_of(R"({"model_options": {"attention_backend": "fast"}})");
+  CHECK(e.json_path() == "$.model_options.attention_backend");
+  CHECK_THAT(e.what(), Catch::Contains("\"auto\", \"cudnn\", \"flash\", \"sdpa\""));
 }

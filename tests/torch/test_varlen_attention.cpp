@@ -121,34 +121,25 @@ TEST_CASE("suffix_queries_layout equals the layout built without prefix queries"
   CHECK_THROWS_WITH(k::suffix_queries_layout(want, valid), Catch::Contains("takes a layout with prefix queries"));
 }
 
-TEST_CASE("choose_varlen_backend reads VLATUNE_VARLEN_BACKEND", "[varlen][kernels]") {
+TEST_CASE("choose_varlen_backend follows the recipe's attention backend", "[varlen][kernels]") {
   const k::JointAttentionShape shape{2, 3, 2, 8, 1, 256, 1.0 / 16};
   const auto cpu = torch::zeros({1}, torch::kBFloat16);
   SECTION("flash is always possible") {
-    setenv("VLATUNE_VARLEN_BACKEND", "flash", 1);
-    CHECK(k::choose_varlen_backend(cpu, shape) == k::VarlenBackend::kFlash);
+    CHECK(k::choose_varlen_backend(cpu, shape, k::AttentionBackend::kFlash) == k::VarlenBackend::kFlash);
   }
   SECTION("cudnn on CPU activations is an error with the reason") {
-    setenv("VLATUNE_VARLEN_BACKEND", "cudnn", 1);
-    CHECK_THROWS_WITH(k::choose_varlen_backend(cpu, shape), Catch::Contains("VLATUNE_VARLEN_BACKEND=cudnn: "));
+    CHECK_THROWS_WITH(k::choose_varlen_backend(cpu, shape, k::AttentionBackend::kCudnn),
+                      Catch::Contains("model_options.attention_backend \"cudnn\": "));
   }
   SECTION("auto falls back on CPU activations") {
-    unsetenv("VLATUNE_VARLEN_BACKEND");
     CHECK(k::choose_varlen_backend(cpu, shape) == k::VarlenBackend::kFlash);
   }
-  SECTION("an unknown value is named") {
-    setenv("VLATUNE_VARLEN_BACKEND", "fast", 1);
-    CHECK_THROWS_WITH(k::choose_varlen_backend(cpu, shape),
-                      Catch::Contains("VLATUNE_VARLEN_BACKEND='fast': expected auto, cudnn or flash"));
-    CHECK_THROWS_WITH(k::varlen_backend_setting(), Catch::Contains("VLATUNE_VARLEN_BACKEND='fast'"));
+  SECTION("sdpa runs no varlen attention, and SigLIP's attention leaves cuDNN only for flash") {
+    const auto gpu_like = torch::zeros({1}, torch::kBFloat16);
+    CHECK_FALSE(k::varlen_attention_supported(gpu_like, 256, k::AttentionBackend::kSdpa));
+    CHECK_FALSE(
+        k::qkv_attention_supported(torch::zeros({2, 4, 3 * 64}, torch::kBFloat16), 1, k::AttentionBackend::kFlash));
   }
-  SECTION("the setting as read") {
-    setenv("VLATUNE_VARLEN_BACKEND", "cudnn", 1);
-    CHECK(k::varlen_backend_setting() == "cudnn");
-    unsetenv("VLATUNE_VARLEN_BACKEND");
-    CHECK(k::varlen_backend_setting() == "auto");
-  }
-  unsetenv("VLATUNE_VARLEN_BACKEND");
   CHECK(std::string(k::to_string(k::VarlenBackend::kCudnn)) == "cudnn");
 }
 
@@ -235,17 +226,17 @@ TEST_CASE("varlen_attention matches the masked fp64 reference on valid rows, gra
 
 TEST_CASE("choose_varlen_backend picks cuDNN for Pi0.5's joint attention at batch 32", "[.gpu][varlen]") {
   REQUIRE(torch::cuda::is_available());
-  unsetenv("VLATUNE_VARLEN_BACKEND");
   const k::JointAttentionShape shape{32, 712, 50, 8, 1, 256, 1.0 / 16};
   const auto x = torch::zeros({1}, torch::dtype(torch::kBFloat16).device(torch::kCUDA));
   CHECK(k::choose_varlen_backend(x, shape) == k::VarlenBackend::kCudnn);
   CHECK(k::choose_varlen_backend(x.to(torch::kHalf), shape) == k::VarlenBackend::kFlash);
+  CHECK(k::varlen_attention_supported(x, 256));
+  CHECK_FALSE(k::varlen_attention_supported(x, 256, k::AttentionBackend::kSdpa));
 }
 
 TEST_CASE("qkv_attention on cuDNN matches the fp64 reference from the merged QKV, its gradient in one tensor",
           "[.gpu][varlen]") {
   REQUIRE(torch::cuda::is_available());
-  unsetenv("VLATUNE_VARLEN_BACKEND");
   // SigLIP's heads (16 x 72) on 2 images of 256 tokens, and a smaller shape.
   const auto shape = GENERATE(std::vector<int64_t>{2, 256, 16, 72}, std::vector<int64_t>{3, 40, 4, 64});
   const int64_t n = shape[0], t = shape[1], h = shape[2], d = shape[3], w = h * d;
