@@ -32,4 +32,11 @@ std::string signed_pct(double pct, int digits) {
   return (s[0] == '-' || s == "nan" ? "" : "+") + s + "%";
 }
 
+std::string prediction_versus_measured(double predicted, double measured) {
+  if (!std::isfinite(predicted) || !std::isfinite(measured) || measured == 0) return "-";
+  const std::string pct = fixed(std::fabs(predicted / measured - 1) * 100, 1);
+  if (pct == "0.0") return "predicted = measured";
+  return "predicted " + pct + "% " + (predicted > measured ? "above" : "below") + " measured";
+}
+
 }  // namespace vlatune::formats

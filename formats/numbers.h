@@ -17,4 +17,8 @@ std::string fixed(double x, int digits);
 // Signed percentage: "+4.03%", "-0.50%".
 std::string signed_pct(double pct, int digits = 2);
 
+// How far a prediction lies from its measurement, the sign spelled out: "predicted 12.5% above measured",
+// "predicted 3.1% below measured", "predicted = measured" (to 0.1%); "-" without a finite nonzero measurement.
+std::string prediction_versus_measured(double predicted, double measured);
+
 }  // namespace vlatune::formats

@@ -145,14 +145,14 @@ std::string predicted_section(const formats::Recipe& r, const std::vector<Measur
     }
     for (const auto& m : measured) {
       const auto& v = m.*field;
-      const std::string err = pred && v && *v != 0 ? signed_pct((*pred / *v - 1) * 100, 1) : "-";
+      const std::string err = pred && v && *v != 0 ? prediction_versus_measured(*pred, *v) : "-";
       rows.push_back({name, opt_number(pred, digits), opt_number(v, digits), err, m.source});
     }
   };
   row("step time (ms)", p.step_ms, &Measured::step_ms, 1);
   row("peak memory (GiB)", p.peak_gib, &Measured::peak_gib, 2);
   row("throughput (samples/s)", p.samples_per_s, &Measured::samples_per_s, 2);
-  return html_table({"quantity", "predicted", "measured", "prediction error", "measured by"}, rows, 1) +
+  return html_table({"quantity", "predicted", "measured", "prediction vs measured", "measured by"}, rows, 1) +
          (measured.empty() ? note("No runs given (--run): nothing measured to compare with.") : std::string());
 }
 

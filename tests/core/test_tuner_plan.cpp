@@ -17,6 +17,7 @@
 #include "formats/profile.h"
 #include "formats/recipe.h"
 #include "formats/run_record.h"
+#include "reports/report.h"
 #include "tuner/cost_model.h"
 #include "tuner/grid.h"
 #include "tuner/planner.h"
@@ -420,6 +421,9 @@ TEST_CASE("plan marks the chosen candidate and says which rule passed over a fas
     CHECK(x.numbers.at("predicted_samples_per_s") == Approx(r.predicted.samples_per_s));
   }
   CHECK(chosen == 1);
+  // The report's candidate scatter highlights that one.
+  const auto cands = vlatune::reports::recipe_candidates(r.recipe);
+  CHECK(std::count_if(cands.begin(), cands.end(), [](const auto& c) { return c.chosen; }) == 1);
   // Batch 40 predicts +1.5% but is extrapolated: the +2% rule keeps batch 32.
   bool rule = false;
   for (const auto& x : r.recipe.rationale)
