@@ -31,7 +31,7 @@
 #          --nccl-env LIST (semicolon-separated settings, each one or more space-separated VAR=VALUE, to try one at a
 #          time on NVLink with the planned groups, e.g. "NCCL_PROTO=Simple;TORCH_NCCL_HIGH_PRIORITY=1"),
 #          --nvlink-only (train: 1 GPU and the NVLink runs; no one-bucket or host-memory runs),
-#          --nproc N (default 2: the data-parallel runs, the profile and the plan use N GPUs; issue 11's eight-GPU run
+#          --nproc N (default 2: the data-parallel runs, the profile and the plan use N GPUs; the eight-GPU run
 #          is `--nproc 8` on `nvidia-h200-x8`). With N other than 2, the profile and the plan run first, and the
 #          "planned" runs train the recipe just planned for N GPUs at batch 32 ($OUT/plan_worldN.json) instead of
 #          the shipped two-GPU one. The rank-kill check and the test cases stay at two ranks.

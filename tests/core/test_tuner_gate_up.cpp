@@ -1,4 +1,4 @@
-// The recompute unit `...language_model.layers.i.mlp.gate_proj+up_proj` in the tuner (issue 7): a candidate
+// The recompute unit `...language_model.layers.i.mlp.gate_proj+up_proj` in the tuner: a candidate
 // named by its merged GEMM (no module row), sized from the GEMM inventory (time: the GEMM's forward at the
 // profiled precision; bytes: the profile's output bytes of the unit, else rows x N x 2), nested in its MLP and
 // joint layer, calibrated by an A/B row of its class when the profile has one, and emitted as recipe patterns.

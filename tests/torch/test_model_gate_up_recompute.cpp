@@ -1,4 +1,4 @@
-// The recompute unit `...language_model.layers.i.mlp.gate_proj+up_proj` (issue 7): the backbone MLP's merged gate+up
+// The recompute unit `...language_model.layers.i.mlp.gate_proj+up_proj`: the backbone MLP's merged gate+up
 // GEMM output is not kept from forward to backward but computed again by the same GEMM at the start of the MLP's
 // backward. Loss and every gradient must be bit-identical to the unit not selected, on every path (reference,
 // fused bf16 structure, FP8 in every gate+up/down precision mix); the unit nests in its MLP and its joint layer;
