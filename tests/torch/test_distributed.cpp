@@ -12,6 +12,8 @@
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
+#include "temp_dir.h"
+
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -44,10 +46,7 @@ namespace {
 using vlatune::trainer::DistEnv;
 
 std::string temp_dir(const std::string& tag) {
-  std::string templ = "/tmp/vlatune-dist-" + tag + "-XXXXXX";
-  const char* dir = ::mkdtemp(templ.data());
-  REQUIRE(dir != nullptr);
-  return dir;
+  return vlatune::test::make_temp_dir("dist_" + tag);
 }
 
 std::string read_text(const std::string& path) {

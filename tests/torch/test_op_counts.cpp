@@ -9,6 +9,8 @@
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
+#include "temp_dir.h"
+
 #include <unistd.h>
 
 #include <atomic>
@@ -92,10 +94,7 @@ vlatune::trainer::TrainOptions tiny(const std::string& out, int64_t steps) {
 }
 
 Counts count_run(int64_t steps) {
-  char templ[] = "/tmp/vlatune-opcount-XXXXXX";
-  const char* dir = ::mkdtemp(templ);
-  REQUIRE(dir != nullptr);
-  const std::string out = std::string(dir) + "/run";
+  const std::string out = vlatune::test::make_temp_dir("opcount") + "/run";
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     g_counts = Counts{};

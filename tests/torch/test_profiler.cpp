@@ -3,6 +3,8 @@
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
+#include "temp_dir.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,8 +29,7 @@ namespace {}  // namespace
 
 TEST_CASE("vlatune profile on the tiny model writes a readable profile and a trace", "[profiler][cli]") {
   torch::set_num_threads(1);
-  char templ[] = "/tmp/vlatune-profile-XXXXXX";
-  const std::string dir = ::mkdtemp(templ);
+  const std::string dir = vlatune::test::make_temp_dir("profile");
   std::vector<std::string> args = {"vlatune",
                                    "profile",
                                    "--config",

@@ -6,6 +6,8 @@
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
+#include "temp_dir.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -107,10 +109,7 @@ std::map<std::string, torch::Tensor> state_of(const m::Pi05Impl& net) {
 }
 
 std::string temp_dir() {
-  char templ[] = "/tmp/vlatune-packed-XXXXXX";
-  const char* dir = ::mkdtemp(templ);
-  REQUIRE(dir != nullptr);
-  return dir;
+  return vlatune::test::make_temp_dir("packed");
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
+#include "temp_dir.h"
+
 #include "../core/file_size_limit.h"
 #include "formats/file_io.h"
 #include "model/safetensors_io.h"
@@ -29,23 +31,12 @@ using vlatune::model::write_safetensors;
 
 namespace {
 
-// A fresh directory per test case, removed afterwards. POSIX calls, not std::filesystem: libtorch.so exports its
-// own copies of std::filesystem functions (64 of them, built against another libstdc++), which win symbol
-// resolution in a process that links torch; its remove_all jumped to address 0 here.
-struct TempDir {
-  std::string dir;
-  TempDir() {
-    std::string tmpl = "/tmp/vlatune_st_XXXXXX";
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    dir = tmpl;
-  }
-  ~TempDir() {
-    for (const auto& name : names()) ::unlink((dir + "/" + name).c_str());  // the tests create files only
-    ::rmdir(dir.c_str());
-  }
+// A fresh directory per test case, removed afterwards, that lists what the case left in it.
+struct TempDir : vlatune::test::TempDir {
+  TempDir() : vlatune::test::TempDir("st") {}
   std::vector<std::string> names() const {
     std::vector<std::string> out;
-    if (DIR* d = ::opendir(dir.c_str())) {
+    if (DIR* d = ::opendir(path.c_str())) {
       while (const dirent* e = ::readdir(d)) {
         if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) out.emplace_back(e->d_name);
       }
@@ -53,7 +44,6 @@ struct TempDir {
     }
     return out;
   }
-  std::string operator/(const std::string& name) const { return dir + "/" + name; }
 };
 
 uint64_t file_size(const std::string& path) {
@@ -267,7 +257,7 @@ TEST_CASE("Unreadable and truncated files are rejected with the file name and th
   TempDir tmp;
   const std::string missing = tmp / "missing.safetensors";
   CHECK_THAT(open_error(missing), Contains(missing) && Contains("cannot open") && Contains("No such file"));
-  CHECK_THAT(open_error(tmp.dir), Contains(tmp.dir) && Contains("not a regular file"));
+  CHECK_THAT(open_error(tmp.path), Contains(tmp.path) && Contains("not a regular file"));
 
   const std::string tiny = tmp / "tiny.safetensors";
   write_bytes(tiny, "abc");
