@@ -169,6 +169,13 @@ torch::Tensor heads_loops(const torch::Tensor& y, int64_t first, int64_t count, 
   return out;
 }
 
+// GELU (tanh approximation) written out: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), in fp64 ATen
+// elementwise ops (autograd gives its derivative without at::gelu_backward).
+torch::Tensor gelu_tanh_formula(const torch::Tensor& x) {
+  const double c = std::sqrt(2.0 / M_PI);
+  return 0.5 * x * (1.0 + torch::tanh(c * (x + 0.044715 * x * x * x)));
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------- CPU
@@ -287,6 +294,15 @@ TEST_CASE("geglu_linear equals down(gelu_tanh(gate) * up) with the activation re
   auto ref = [](const std::vector<torch::Tensor>& x) {
     return std::vector<torch::Tensor>{at::linear(k::geglu_ref(x[0]), x[1])};
   };
+  {
+    // geglu_ref and its analytic backward against gelu_tanh(gate) * up written out.
+    const auto merged = in[0].detach().clone().requires_grad_(true);
+    const auto want = gelu_tanh_formula(merged.narrow(-1, 0, 24)) * merged.narrow(-1, 24, 24);
+    CHECK(rel_err(k::geglu_ref(in[0]), want) < 1e-14);
+    const auto g = randn({3, 4, 24});
+    const auto want_grad = torch::autograd::grad({want}, {merged}, {g})[0];
+    CHECK(rel_err(k::geglu_backward_ref(g, in[0]), want_grad) < 1e-14);
+  }
   std::vector<torch::Tensor> seeds = {randn({3, 4, 16})};
   auto [out_f, grad_f] = run_with_grads(fused, in, seeds);
   auto [out_r, grad_r] = run_with_grads(ref, in, seeds);
@@ -329,6 +345,7 @@ TEST_CASE("gelu_linear equals fc2(gelu_tanh(pre)) with the activation rebuilt in
   auto ref = [](const std::vector<torch::Tensor>& x) {
     return std::vector<torch::Tensor>{at::linear(k::gelu_ref(x[0]), x[1], x[2])};
   };
+  CHECK(rel_err(k::gelu_ref(in[0]), gelu_tanh_formula(in[0])) < 1e-14);
   std::vector<torch::Tensor> seeds = {randn({3, 4, 16})};
   auto [out_f, grad_f] = run_with_grads(fused, in, seeds);
   auto [out_r, grad_r] = run_with_grads(ref, in, seeds);
