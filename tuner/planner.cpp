@@ -201,11 +201,12 @@ PlanResult rank(const PlanInputs& in, const FitStep& fit, const BudgetStep& budg
                        pct(p.samples_per_s / q.samples_per_s) + " samples/s); recompute " + fixed(p.recompute_ms, 1) +
                        " ms, FP8 " + fixed(p.fp8_ms, 1) + " ms, exposed communication " + fixed(p.comm_ms, 1) +
                        " ms relative to it. Re-measure: vlatune train reports predicted vs measured",
-                   {{"predicted_step_ms", p.step_ms},
-                    {"predicted_peak_gib", p.peak_gib},
-                    {"predicted_samples_per_s", p.samples_per_s},
+                   // Not predicted_step_ms / predicted_peak_gib: those mark a candidate, and this is the plan's
+                   // candidate again (the report would draw it twice).
+                   {{"step_ms", p.step_ms},
+                    {"peak_gib", p.peak_gib},
+                    {"samples_per_s", p.samples_per_s},
                     {"micro_batch", static_cast<double>(chosen.batch)},
-                    {"chosen", 1},
                     {"profiled_step_ms", q.step_ms},
                     {"profiled_peak_gib", q.peak_gib},
                     {"profiled_samples_per_s", q.samples_per_s}}});
