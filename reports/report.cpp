@@ -145,7 +145,7 @@ std::string predicted_section(const formats::Recipe& r, const std::vector<Measur
     }
     for (const auto& m : measured) {
       const auto& v = m.*field;
-      const std::string err = pred && v && *v != 0 ? prediction_versus_measured(*pred, *v) : "-";
+      const std::string err = pred && v && *v != 0 ? formats::prediction_versus_measured(*pred, *v) : "-";
       rows.push_back({name, opt_number(pred, digits), opt_number(v, digits), err, m.source});
     }
   };
