@@ -94,7 +94,8 @@ vlatune::trainer::TrainOptions tiny(const std::string& out, int64_t steps) {
 }
 
 Counts count_run(int64_t steps) {
-  const std::string out = vlatune::test::make_temp_dir("opcount") + "/run";
+  const vlatune::test::TempDir dir("opcount");
+  const std::string out = dir / "run";
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     g_counts = Counts{};
@@ -104,8 +105,6 @@ Counts count_run(int64_t steps) {
   g_armed = true;
   vlatune::trainer::run_training(tiny(out, steps), log);
   g_armed = false;
-  const int rc = std::system(("rm -rf " + std::string(dir)).c_str());
-  (void)rc;
   std::lock_guard<std::mutex> lock(g_mutex);
   return g_counts;
 }
