@@ -70,15 +70,27 @@ std::optional<formats::CheckpointState> owned_state(const std::string& dir, cons
   return std::nullopt;
 }
 
+// Unlinks `names` in `dir` (unlink never follows a link; a missing one is fine), then removes `dir` itself.
+void remove_named_then_directory(const std::string& dir, const std::vector<std::string>& names,
+                                 std::vector<std::string>& warnings) {
+  for (const std::string& file : names) {
+    const std::string path = join_path(dir, file);
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+      warnings.push_back("could not remove " + path + ": " + std::strerror(errno));
+  }
+  if (::rmdir(dir.c_str()) != 0 && errno != ENOENT)
+    warnings.push_back("could not remove " + dir + ": " + std::strerror(errno) +
+                       (errno == ENOTEMPTY ? " (it holds files this run did not write; left in place)" : ""));
+}
+
 // Removes checkpoint `dir` of this run: renamed to a temporary name first (so it stops being a checkpoint at
-// once), then the files its state names and state.json are unlinked (unlink never follows a link), then the
-// directory. Failures become warnings.
+// once), then the files its state names and state.json are unlinked, then the directory. Failures become warnings.
 void remove_own_checkpoint(const std::string& dir, const formats::CheckpointState& state,
                            std::vector<std::string>& warnings) {
   const std::string root = dir.substr(0, dir.rfind('/'));
   const std::string name = dir.substr(dir.rfind('/') + 1);
   const std::string doomed = join_path(root, "." + name + ".removing.tmp");
-  remove_tree(doomed);
+  for (const std::string& line : remove_checkpoint_temporary(doomed)) warnings.push_back(line);
   if (::rename(dir.c_str(), doomed.c_str()) != 0) {
     warnings.push_back("could not remove checkpoint " + dir + ": " + std::strerror(errno));
     return;
@@ -86,17 +98,34 @@ void remove_own_checkpoint(const std::string& dir, const formats::CheckpointStat
   std::vector<std::string> files;
   for (const auto& [file, checksum] : state.files) files.push_back(file);
   files.emplace_back("state.json");
-  for (const std::string& file : files) {
-    const std::string path = join_path(doomed, file);
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT)
-      warnings.push_back("could not remove " + path + ": " + std::strerror(errno));
-  }
-  if (::rmdir(doomed.c_str()) != 0)
-    warnings.push_back("could not remove " + doomed + ": " + std::strerror(errno) +
-                       (errno == ENOTEMPTY ? " (it holds files this run did not write; left in place)" : ""));
+  remove_named_then_directory(doomed, files, warnings);
 }
 
 }  // namespace
+
+std::vector<std::string> remove_checkpoint_temporary(const std::string& dir) {
+  std::vector<std::string> warnings;
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) return warnings;
+  if (!S_ISDIR(st.st_mode)) {
+    if (::unlink(dir.c_str()) != 0) warnings.push_back("could not remove " + dir + ": " + std::strerror(errno));
+    return warnings;
+  }
+  // What a checkpoint write puts there: its tensor files, state.json, and their temporaries (NAME.tmp.XXXXXX).
+  std::vector<std::string> written = formats::checkpoint_tensor_files(/*ema=*/true);
+  written.emplace_back("state.json");
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      for (const std::string& file : written)
+        if (name == file || name.rfind(file + ".tmp.", 0) == 0) names.push_back(name);
+    }
+    ::closedir(d);
+  }
+  remove_named_then_directory(dir, names, warnings);
+  return warnings;
+}
 
 std::string file_checksum(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -149,8 +178,11 @@ std::string write_checkpoint(const std::string& run_dir, const torch::nn::Module
   const int64_t step = contents.state.next_step;
   const std::string final_dir = join_path(root, step_dir_name(step));
   const std::string tmp_dir = join_path(root, "." + step_dir_name(step) + ".tmp");
-  remove_tree(tmp_dir);  // a leftover of a crash mid-write (a link there is removed, not followed)
-  if (::mkdir(tmp_dir.c_str(), 0755) != 0) fail_errno("cannot create", tmp_dir);
+  // A leftover of a crash mid-write: its files removed (a link there is removed, not followed), anything else kept.
+  const std::vector<std::string> leftover = remove_checkpoint_temporary(tmp_dir);
+  if (::mkdir(tmp_dir.c_str(), 0755) != 0)
+    throw std::runtime_error("checkpoint: cannot create '" + tmp_dir + "': " + std::strerror(errno) +
+                             (leftover.empty() ? std::string() : " (" + leftover.back() + ")"));
 
   formats::CheckpointState state = contents.state;
   state.optimizer_precision = contents.optimizer.precision;

@@ -40,6 +40,11 @@ std::string write_checkpoint(const std::string& run_dir, const torch::nn::Module
 // an error: it comes back as a warning line naming the path and the reason.
 std::vector<std::string> prune_checkpoints(const std::string& run_dir, const std::string& run_id, int keep_last);
 
+// Removes a checkpoint's temporary directory (.step_N.tmp being written, .step_N.removing.tmp being removed): the
+// files a checkpoint write makes and their temporaries, then the directory; anything else in it is left in place
+// with the directory. Returns one warning line per failure (none: the directory is gone).
+std::vector<std::string> remove_checkpoint_temporary(const std::string& dir);
+
 // Checkpoint directories of run_dir (step_<8 digits> directories, not links, holding a state.json), oldest first.
 std::vector<std::string> list_checkpoints(const std::string& run_dir);
 // The newest of them, if any.

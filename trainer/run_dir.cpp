@@ -16,6 +16,7 @@
 
 #include "formats/checkpoint_state.h"
 #include "formats/json_error.h"
+#include "trainer/checkpoint.h"
 #include "trainer/file_util.h"
 #include "trainer/train_loop.h"
 
@@ -194,7 +195,11 @@ std::vector<std::string> remove_leftover_temporaries(const std::string& run_dir)
       std::string step = name.substr(1, 13);
       if (!is_step_name(step)) continue;
       const std::string rest = name.substr(14);
-      if (rest == ".tmp" || rest == ".removing.tmp") remove(join_path(root, name));
+      if (rest != ".tmp" && rest != ".removing.tmp") continue;
+      const std::string path = join_path(root, name);
+      const std::vector<std::string> warnings = remove_checkpoint_temporary(path);
+      if (warnings.empty()) lines.push_back("removed " + path + " (left by an interrupted write)");
+      for (const std::string& w : warnings) lines.push_back("warning: " + w);
     }
   }
   return lines;

@@ -7,7 +7,7 @@
 //   - a resumed run accepts only its own checkpoints: checkpoints/ must be a directory (not a link), and every
 //     step_* entry in it must carry the run's run_id (formats/checkpoint_state.h);
 //   - the temporaries a killed run leaves (checkpoints/.step_*.tmp, and FILE.tmp.* beside the files the trainer
-//     writes) are removed when it resumes.
+//     writes) are removed when it resumes: only the files the trainer writes, never a file of the user's.
 // Errors are TrainInputError (exit 4) naming the directory, the entry and what to do.
 #pragma once
 

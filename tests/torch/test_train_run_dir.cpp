@@ -23,6 +23,7 @@
 #include "formats/train_config.h"
 #include "trainer/checkpoint.h"
 #include "trainer/file_util.h"
+#include "trainer/run_dir.h"
 #include "trainer/synthetic.h"
 #include "trainer/train_loop.h"
 
@@ -156,6 +157,11 @@ TEST_CASE("Pruning removes only the run's own checkpoints, only their files, nev
   CHECK_THAT(warnings[0], Catch::Contains("did not write"));
   CHECK(vlatune::test::read_file_bytes(root + "/.step_00000001.removing.tmp/notes.txt") == "keep me");
   CHECK_FALSE(exists(root + "/.step_00000001.removing.tmp/model.safetensors"));
+  // Clearing the temporaries on resume keeps the user's file too, with a warning again.
+  const std::vector<std::string> lines = vlatune::trainer::remove_leftover_temporaries(mine);
+  REQUIRE(lines.size() == 1);
+  CHECK_THAT(lines[0], Catch::StartsWith("warning: ") && Catch::Contains("did not write"));
+  CHECK(vlatune::test::read_file_bytes(root + "/.step_00000001.removing.tmp/notes.txt") == "keep me");
 }
 
 TEST_CASE("A run killed before its first checkpoint resumes from step 0, its leftover temporaries removed",
