@@ -190,9 +190,9 @@ void setup_profile(CLI::App& app, Context& ctx) {
   cmd->add_option("--tracer", opts->tracer, "auto | cupti | cpu | none")
       ->check(CLI::IsMember({"auto", "cupti", "cpu", "none"}));
   cmd->add_option("--recipe", opts->recipe, "recipe.json to profile under (--batch overrides its micro_batch)")
-      ->check(CLI::ExistingFile)
+      ->check(regular_file())
       ->default_str("the default recipe");
-  cmd->add_option("--seed", opts->seed, "Seed of the weights and the synthetic data");
+  cmd->add_option("--seed", opts->seed, "Seed of the weights and the synthetic data")->check(unsigned_integer());
   cmd->add_option("--out", opts->out, "Output directory")->required()->default_str("required");
   // Data-parallel (under `vlatune launch --nproc N`): profile.json gets the communication section.
   cmd->add_option("--dist-buckets", opts->dist_buckets,

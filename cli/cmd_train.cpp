@@ -99,7 +99,7 @@ void setup_train(CLI::App& app, Context& ctx) {
       ->default_str("the recipe's, 1");
   cmd->add_option("--out", t.out, "Run directory of a new run: new, or empty")->default_str("");
   cmd->add_option("--recipe", t.recipe_path, "recipe.json (flags override its keys; the run keeps its own copy)")
-      ->check(CLI::ExistingFile)
+      ->check(regular_file())
       ->default_str("the default recipe (recipes/README.md)");
   cmd->add_option("--resume", t.resume,
                   "Continue the run in RUNDIR from its newest checkpoint (from step 0 when it has none) with its own "
@@ -107,7 +107,7 @@ void setup_train(CLI::App& app, Context& ctx) {
       ->check(CLI::ExistingDirectory)
       ->default_str("");
   cmd->add_option("--init-weights", t.init_weights, "openpi/LeRobot-named safetensors to start from")
-      ->check(CLI::ExistingFile)
+      ->check(regular_file())
       ->default_str("none: initialized from --seed");
   cmd->add_option("--device", t.device, "auto: the GPU when visible")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("--precision", o->precision, "bf16 (parameters and AdamW state in bf16) or fp32-master")
@@ -127,7 +127,8 @@ void setup_train(CLI::App& app, Context& ctx) {
       ->check(finite_range(0.0, 0.999999));
   cmd->add_option("--action-dim", t.loss_action_dim, "Loss over the first N action dims (LeRobot: the real ones)")
       ->check(CLI::Range(int64_t{1}, int64_t{32}));
-  cmd->add_option("--seed", t.seed, "Seed of initialization, data order and flow-matching draws");
+  cmd->add_option("--seed", t.seed, "Seed of initialization, data order and flow-matching draws")
+      ->check(unsigned_integer());
   cmd->add_option("--checkpoint-every", o->checkpoint_every, "Steps between checkpoints (0: only the last)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
       ->default_str(std::to_string(trainer::kDefaultCheckpointEvery));

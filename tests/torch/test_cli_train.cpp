@@ -5,6 +5,8 @@
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
+
 #include <string>
 #include <vector>
 
@@ -40,9 +42,20 @@ TEST_CASE("train and profile refuse NaN, infinite and out-of-range numbers, nami
     CHECK(r.code == vlatune::cli::kExitBadInput);
     CHECK_THAT(r.err, Catch::Contains(flag[0]));
   }
-  auto profile = run_cli({"profile", "--data", "synthetic", "--out", dir + "/p", "--dist-timeout", "inf"});
-  CHECK(profile.code == vlatune::cli::kExitBadInput);
-  CHECK_THAT(profile.err, Catch::Contains("--dist-timeout"));
+  // An unsigned seed takes "-1" as 2^64 - 1 unless refused; a FIFO as the recipe would block the read.
+  const std::string fifo = dir + "/recipe.fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
+  const std::vector<std::vector<std::string>> bad_for_both = {
+      {"--dist-timeout", "inf"}, {"--seed", "-1"}, {"--recipe", fifo}};
+  for (const auto& flag : bad_for_both) {
+    INFO(flag[0] << " " << flag[1]);
+    auto r = run_cli(train_args({"--data", "synthetic", "--steps", "1", "--out", dir + "/run", flag[0], flag[1]}));
+    CHECK(r.code == vlatune::cli::kExitBadInput);
+    CHECK_THAT(r.err, Catch::Contains(flag[0]));
+    auto profile = run_cli({"profile", "--data", "synthetic", "--out", dir + "/p", flag[0], flag[1]});
+    CHECK(profile.code == vlatune::cli::kExitBadInput);
+    CHECK_THAT(profile.err, Catch::Contains(flag[0]));
+  }
 }
 
 TEST_CASE("--help of train and profile shows every default", "[cli][train]") {
