@@ -277,7 +277,11 @@ void write_recipe(const Recipe& recipe, const std::string& path) {
   write_file_atomic(path, dump_json_file(j));
 }
 
-std::string recipe_hash(const Recipe& recipe) {
+namespace {
+
+// The part of the canonical JSON that recipe_hash covers: pattern lists sorted and deduplicated, provenance and
+// prediction left out.
+nlohmann::json hashed_json(const Recipe& recipe) {
   Recipe canonical = recipe;
   canonical.recompute.modules = sorted_unique(canonical.recompute.modules);
   canonical.fp8.modules = sorted_unique(canonical.fp8.modules);
@@ -286,8 +290,65 @@ std::string recipe_hash(const Recipe& recipe) {
   j.erase("tuned_on");
   j.erase("predicted");
   j.erase("rationale");
+  return j;
+}
+
+std::string short_json(const nlohmann::json& v) {
+  std::string s = v.dump();
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+
+void json_differences(const nlohmann::json& a, const nlohmann::json& b, const std::string& path,
+                      std::vector<std::string>& out) {
+  auto member = [&path](const std::string& key) { return path.empty() ? key : path + "." + key; };
+  if (a.is_object() && b.is_object()) {
+    std::vector<std::string> keys;
+    for (const auto& item : a.items()) keys.push_back(item.key());
+    for (const auto& item : b.items())
+      if (!a.contains(item.key())) keys.push_back(item.key());
+    std::sort(keys.begin(), keys.end());
+    for (const std::string& key : keys) {
+      if (!a.contains(key)) {
+        out.push_back(member(key) + ": absent vs " + short_json(b.at(key)));
+      } else if (!b.contains(key)) {
+        out.push_back(member(key) + ": " + short_json(a.at(key)) + " vs absent");
+      } else {
+        json_differences(a.at(key), b.at(key), member(key), out);
+      }
+    }
+    return;
+  }
+  auto all_strings = [](const nlohmann::json& v) {
+    return std::all_of(v.begin(), v.end(), [](const nlohmann::json& e) { return e.is_string(); });
+  };
+  if (a.is_array() && b.is_array() && all_strings(a) && all_strings(b)) {
+    // Pattern lists: the selection is the set (recipe_hash sorts them).
+    std::string change;
+    for (const auto& e : b)
+      if (std::find(a.begin(), a.end(), e) == a.end()) change += (change.empty() ? "added " : ", ") + e.dump();
+    std::string removed;
+    for (const auto& e : a)
+      if (std::find(b.begin(), b.end(), e) == b.end()) removed += (removed.empty() ? "removed " : ", ") + e.dump();
+    if (!removed.empty()) change += (change.empty() ? "" : "; ") + removed;
+    if (!change.empty()) out.push_back(path + ": " + change);
+    return;
+  }
+  if (a.is_array() && b.is_array()) {
+    if (a.size() != b.size())
+      out.push_back(path + ": " + std::to_string(a.size()) + " vs " + std::to_string(b.size()) + " entries");
+    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+      json_differences(a[i], b[i], path + "[" + std::to_string(i) + "]", out);
+    return;
+  }
+  if (a != b) out.push_back(path + ": " + short_json(a) + " vs " + short_json(b));
+}
+
+}  // namespace
+
+std::string recipe_hash(const Recipe& recipe) {
   // nlohmann::json objects are std::map-backed, so dump() emits sorted keys: the text is canonical.
-  const std::string text = j.dump();
+  const std::string text = hashed_json(recipe).dump();
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64 offset basis
   for (unsigned char c : text) {
     h ^= c;
@@ -296,6 +357,16 @@ std::string recipe_hash(const Recipe& recipe) {
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
   return hex;
+}
+
+std::vector<std::string> recipe_differences(const Recipe& a, const Recipe& b) {
+  nlohmann::json ja = hashed_json(a), jb = hashed_json(b);
+  // recipe_to_json writes cuda_graph only when on; name it either way.
+  ja["model_options"]["cuda_graph"] = a.model_options.cuda_graph_step ? "step" : "off";
+  jb["model_options"]["cuda_graph"] = b.model_options.cuda_graph_step ? "step" : "off";
+  std::vector<std::string> out;
+  json_differences(ja, jb, "", out);
+  return out;
 }
 
 }  // namespace vlatune::formats

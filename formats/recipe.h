@@ -132,4 +132,10 @@ void write_recipe(const Recipe& recipe, const std::string& path);
 // run.json stores it so `vlatune check` can refuse to compare runs of different recipes.
 std::string recipe_hash(const Recipe& recipe);
 
+// The keys that make two recipes' recipe_hash differ, one "path: a vs b" line each, in key order, e.g.
+//   "batch.micro_batch: 32 vs 2", "model_options.precision: \"bf16\" vs \"fp32-master\"",
+//   "fp8.modules: added \"...mlp.gate_proj\"; removed \"...o_proj\"" (pattern lists compare as sets).
+// Empty exactly when the hashes are equal; tuned_on, predicted and rationale are not compared.
+std::vector<std::string> recipe_differences(const Recipe& a, const Recipe& b);
+
 }  // namespace vlatune::formats

@@ -147,7 +147,7 @@ profile_and_plan() {
   local t rc
   t=$(date +%s)
   # --dist-timeout covers the other ranks waiting at the final barrier while rank 0 alone times the GEMMs.
-  timeout -k 10 240 "$bin" launch --nproc "$nproc" -- profile --config full --batch 32 --steps 3 --warmup 1 \
+  timeout -k 10 240 "$bin" launch --nproc "$nproc" -- profile --config full --data synthetic --batch 32 --steps 3 --warmup 1 \
     --timed-steps 3 --trace-steps 1 --ab-steps 0 --gemm-reps 2 --dist-timeout 200 --out "$prof" \
     >"$out/profile.log" 2>&1
   rc=$?

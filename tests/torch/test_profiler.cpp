@@ -36,6 +36,8 @@ TEST_CASE("vlatune profile on the tiny model writes a readable profile and a tra
                                    "tiny",
                                    "--device",
                                    "cpu",
+                                   "--data",
+                                   "synthetic",
                                    "--batch",
                                    "2",
                                    "--warmup",
@@ -126,8 +128,9 @@ TEST_CASE("vlatune profile on the tiny model writes a readable profile and a tra
   CHECK(tagged_ops > 50);
 
   // A pattern that names nothing recomputable is bad input, naming the flag.
-  std::vector<std::string> bad = {"vlatune", "profile", "--config", "tiny", "--device", "cpu", "--recompute-candidate",
-                                  "nope.*",  "--out",   dir};
+  std::vector<std::string> bad = {
+      "vlatune", "profile", "--config", "tiny", "--device", "cpu", "--data", "synthetic", "--recompute-candidate",
+      "nope.*",  "--out",   dir};
   argv.clear();
   for (const auto& a : bad) argv.push_back(a.c_str());
   std::ostringstream out2, err2;
