@@ -250,7 +250,7 @@ TEST_CASE("train_config.json stores absolute paths: a run resumes from any worki
   vlatune::test::write_file_bytes(tmp / "r.json", R"({"schema": "vlatune.recipe/1", "data": {"trim_multiple": 8}})");
   char cwd[4096];
   REQUIRE(::getcwd(cwd, sizeof cwd) != nullptr);
-  REQUIRE(::chdir(tmp.dir.c_str()) == 0);
+  REQUIRE(::chdir(tmp.path.c_str()) == 0);
   auto o = tiny_run("run", 1);  // every path relative to the working directory
   o.data = "data";
   o.recipe_path = "r.json";
