@@ -1,7 +1,8 @@
 // trace.json.gz in Kineto's conventions (profiler/trace_export.h), on synthetic records: three steps of scopes on
 // two threads, runtime and driver launches, kernels and a copy on two streams. Torch-free (it lives in the torch
 // binary only because the profiler's library does). The last case opens the trace with Holistic Trace Analysis
-// (tests/core/analyze_trace_hta.py, in the venv scripts/setup.sh makes).
+// (tests/core/analyze_trace_hta.py, in the venv scripts/setup.sh makes); the [.gpu] case checks a real CUPTI
+// trace of the tiny model.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -10,11 +11,14 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "cli/cli.h"
 #include "profiler/records.h"
 #include "profiler/trace_export.h"
 #include "tests/core/trace_readers.h"
@@ -331,4 +335,57 @@ TEST_CASE("Holistic Trace Analysis opens the trace and runs its temporal and ker
   bool memory = false;
   for (const auto& k : j.at("kernel_types")) memory = memory || k.value("kernel_type", "") == "MEMORY";
   CHECK(memory);
+}
+
+TEST_CASE("On the GPU the trace links every kernel to the call that launched it, on the scopes' threads",
+          "[profiler][trace][.gpu]") {
+  TempDir dir;
+  const std::vector<std::string> args = {"vlatune",       "profile", "--config",   "tiny", "--device", "cuda",
+                                         "--batch",       "2",       "--warmup",   "1",    "--steps",  "2",
+                                         "--trace-steps", "2",       "--ab-steps", "0",    "--out",    dir.path};
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  std::ostringstream out, err;
+  REQUIRE(vlatune::cli::run(static_cast<int>(argv.size()), argv.data(), out, err) == 0);
+  std::string text;
+  FILE* pipe = ::popen(("gzip -dc " + dir.path + "/trace.json.gz").c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  char buf[65536];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) text.append(buf, n);
+  ::pclose(pipe);
+  const auto trace = nlohmann::json::parse(text);
+  REQUIRE(trace.at("deviceProperties").size() == 1);
+  CHECK_FALSE(trace.at("deviceProperties")[0].at("name").get<std::string>().empty());
+  size_t kernels = 0, with_geometry = 0, steps = 0;
+  std::set<int64_t> scope_threads;
+  std::vector<int64_t> launch_threads;
+  std::map<int64_t, int> flows;  // id -> 1 per 's', 2 per 'f'
+  for (const auto& e : trace.at("traceEvents")) {
+    const std::string cat = e.value("cat", "");
+    if (cat == "kernel") {
+      ++kernels;
+      CHECK(e.at("tid") == e.at("args").at("stream"));
+      if (e.at("args").contains("grid")) ++with_geometry;
+    } else if (cat == "user_annotation") {
+      if (e.at("name").get<std::string>().rfind("ProfilerStep#", 0) == 0) ++steps;
+      scope_threads.insert(e.at("tid").get<int64_t>());
+    } else if (cat == "cuda_runtime" || cat == "cuda_driver") {
+      launch_threads.push_back(e.at("tid").get<int64_t>());
+    } else if (cat == "ac2g") {
+      flows[e.at("id").get<int64_t>()] += e.at("ph") == "s" ? 1 : 2;
+    }
+  }
+  CHECK(steps == 2);
+  CHECK(kernels > 100);
+  CHECK(with_geometry == kernels);
+  REQUIRE_FALSE(launch_threads.empty());
+  // CUPTI's thread ids are gettid's: the launches sit on the rows of the scopes they were made in.
+  size_t on_scope_rows = 0;
+  for (int64_t t : launch_threads) on_scope_rows += scope_threads.count(t);
+  CHECK(on_scope_rows * 10 >= launch_threads.size() * 9);
+  size_t paired = 0;
+  for (const auto& [id, seen] : flows) paired += seen == 3 ? 1 : 0;
+  CHECK(paired == flows.size());
+  CHECK(paired * 10 >= kernels * 9);  // (almost) every kernel has its launch: graphs launch several per call
 }
