@@ -38,6 +38,7 @@
 #include "trainer/schedule.h"
 #include "trainer/step_graph.h"
 #include "trainer/step_outputs.h"
+#include "trainer/tensorboard_log.h"
 #include "trainer/train_step.h"
 
 namespace vlatune::trainer {
@@ -154,6 +155,9 @@ void open_outputs(Run& run) {
   run.outputs.push_back(make_metrics_output(run.settings.resuming && path_exists(metrics_path)
                                                 ? formats::MetricsWriter::resume(metrics_path, run.first_step - 1)
                                                 : formats::MetricsWriter::create(metrics_path)));
+  if (run.settings.options.tensorboard)
+    run.outputs.push_back(
+        make_tensorboard_output(run.settings.run_dir, run.first_step, run.settings.resuming, *run.log));
   const bool bar = run.settings.options.progress_bar.value_or(::isatty(STDERR_FILENO) == 1);
   run.outputs.push_back(make_log_output(*run.log, bar, run.settings.options.log_every, run.parts.device.is_cuda()));
 }

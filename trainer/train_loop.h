@@ -60,6 +60,7 @@ struct TrainOptions {
   bool augment = false;
   std::optional<bool> progress_bar;  // unset: a bar when stderr is a terminal, plain lines otherwise
   int64_t log_every = 1;             // plain log line every N steps
+  bool tensorboard = true;           // TensorBoard event file beside metrics.jsonl (trainer/tensorboard_log.h)
 };
 
 inline constexpr int64_t kDefaultTimingWarmup = 3;
