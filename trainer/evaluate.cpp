@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <iomanip>
 #include <stdexcept>
 
 #include "model/pi05.h"
@@ -9,6 +10,8 @@
 #include "trainer/dataset.h"
 #include "trainer/loader.h"
 #include "trainer/norm_stats.h"
+#include "trainer/train_loop.h"
+#include "trainer/train_step.h"
 
 namespace vlatune::trainer {
 
@@ -106,6 +109,47 @@ formats::EvalRow eval_row(int64_t step, const EvalResult& result, int64_t sample
   row.sample_steps = sample_steps;
   row.eval_ms = result.eval_ms;
   return row;
+}
+
+std::unique_ptr<TrainEvaluation> TrainEvaluation::open(const TrainOptions& opt, const TrainingParts& parts,
+                                                       std::ostream& log) {
+  if (opt.eval_data.empty()) {
+    if (opt.eval_every != 0 || opt.eval_batches != 0)
+      throw TrainInputError("--eval-every and --eval-batches need --eval-data DATASET");
+    return nullptr;
+  }
+  if (opt.eval_every < 0) throw TrainInputError("--eval-every must be >= 0");
+  if (opt.eval_batches < 0) throw TrainInputError("--eval-batches must be >= 0");
+  EvalOptions o;
+  o.batch = parts.batch;
+  o.batches = opt.eval_batches;
+  o.slots = parts.applied.num_images.value_or(o.slots);
+  o.workers = 1;
+  o.forward = parts.applied.forward;
+  std::unique_ptr<Evaluator> evaluator;
+  try {
+    evaluator = std::make_unique<Evaluator>(opt.eval_data, parts.config, parts.device, o);
+  } catch (const std::exception& e) {  // invalid_argument (does not fit) or FormatError (corrupt)
+    throw TrainInputError(std::string("--eval-data: ") + e.what());
+  }
+  log << "held-out evaluation " << (opt.eval_every > 0 ? "every " + std::to_string(opt.eval_every) + " steps and " : "")
+      << "after the last step: " << evaluator->describe() << "\n";
+  return std::make_unique<TrainEvaluation>(std::move(evaluator), opt.eval_every, o.sample_steps);
+}
+
+TrainEvaluation::TrainEvaluation(std::unique_ptr<Evaluator> evaluator, int64_t every, int64_t sample_steps)
+    : evaluator_(std::move(evaluator)), every_(every), sample_steps_(sample_steps) {}
+
+std::optional<formats::EvalRow> TrainEvaluation::after_step(int64_t step, int64_t total_steps, model::Pi05Impl& model,
+                                                            std::ostream& log) {
+  const int64_t done = step + 1;
+  if (done != total_steps && (every_ == 0 || done % every_ != 0)) return std::nullopt;
+  const EvalResult r = evaluator_->run(model);
+  log << "eval after step " << done << "/" << total_steps << " | loss " << std::setprecision(6) << r.loss
+      << " | action MAE " << std::setprecision(4) << r.action_mae << " RMSE " << r.action_rmse << " (real units, "
+      << r.samples << " samples) | " << std::fixed << std::setprecision(1) << r.eval_ms << " ms" << std::defaultfloat
+      << "\n";
+  return eval_row(step, r, sample_steps_);
 }
 
 }  // namespace vlatune::trainer

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -27,6 +29,8 @@ namespace vlatune::trainer {
 
 class Dataset;
 class DataSource;
+struct TrainOptions;
+struct TrainingParts;
 
 struct EvalOptions {
   int64_t batch = 8;              // samples per batch
@@ -75,5 +79,30 @@ class Evaluator {
 
 // The metrics.jsonl evaluation row of `result` for the weights after optimizer step `step`.
 formats::EvalRow eval_row(int64_t step, const EvalResult& result, int64_t sample_steps);
+
+// `vlatune train --eval-data DIR [--eval-every N] [--eval-batches N]`: the held-out evaluation of the training model
+// after every N-th optimizer step and after the last one (N = 0: after the last only), with the settings of
+// `vlatune eval` (seed 0, 10 Euler steps, the dataset's horizon) and the run's micro-batch, camera slots and
+// forward options, so its numbers equal `vlatune eval` of the same weights. It reads the trained weights, not the
+// EMA. Every process of a data-parallel run evaluates the same batches (no rank waits for another at the next
+// collective; the time counts against --dist-timeout); rank 0 writes the rows. With FP8 delayed scaling, the
+// evaluation's forwards record their amaxes into the histories as training forwards do.
+class TrainEvaluation {
+ public:
+  // Null when opt.eval_data is empty. A dataset that does not fit: TrainInputError naming --eval-data.
+  static std::unique_ptr<TrainEvaluation> open(const TrainOptions& opt, const TrainingParts& parts, std::ostream& log);
+
+  // After optimizer step `step` (0-based) of `total_steps`: when an evaluation is due, runs it, logs one line and
+  // returns its row; else nothing.
+  std::optional<formats::EvalRow> after_step(int64_t step, int64_t total_steps, model::Pi05Impl& model,
+                                             std::ostream& log);
+
+  TrainEvaluation(std::unique_ptr<Evaluator> evaluator, int64_t every, int64_t sample_steps);
+
+ private:
+  std::unique_ptr<Evaluator> evaluator_;
+  int64_t every_ = 0;
+  int64_t sample_steps_ = 10;
+};
 
 }  // namespace vlatune::trainer

@@ -5,12 +5,14 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "cli_test_util.h"
 #include "data_test_util.h"
 #include "formats/json_io.h"
+#include "formats/metrics_jsonl.h"
 #include "model/batch_io.h"
 #include "model/pi05.h"
 #include "model/safetensors_io.h"
@@ -177,6 +179,76 @@ TEST_CASE("vlatune eval prints the evaluation twice the same, and refuses bad in
   bad = args;
   bad[6] = "0";
   CHECK(run_cli(bad).code == 4);
+}
+
+TEST_CASE("train --eval-data writes evaluation rows after the due steps, equal to vlatune eval of the same weights",
+          "[eval][train][cli]") {
+  TempTree tmp;
+  const std::string data = eval_dataset(tmp, 8);
+  const auto r = run_cli({"train",
+                          "--config",
+                          "tiny",
+                          "--device",
+                          "cpu",
+                          "--data",
+                          "synthetic",
+                          "--batch",
+                          "4",
+                          "--steps",
+                          "3",
+                          "--timing-warmup",
+                          "0",
+                          "--workers",
+                          "1",
+                          "--checkpoint-every",
+                          "0",
+                          "--no-progress",
+                          "--out",
+                          tmp / "run",
+                          "--eval-data",
+                          data,
+                          "--eval-every",
+                          "2",
+                          "--eval-batches",
+                          "1"});
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("eval after step 2/3") && Catch::Contains("eval after step 3/3"));
+  const formats::MetricsLog log = formats::read_metrics_log(tmp / "run/metrics.jsonl");
+  REQUIRE(log.train.size() == 3);
+  REQUIRE(log.eval.size() == 2);  // after every 2nd step and after the last
+  CHECK(log.eval[0].step == 1);
+  CHECK(log.eval[1].step == 2);
+  for (const formats::EvalRow& e : log.eval) {
+    CHECK(e.batches == 1);
+    CHECK(e.samples == 4);
+    CHECK(e.sample_steps == 10);
+    CHECK(e.action_mae_per_dim.size() == 7);
+    CHECK(std::isfinite(e.loss));
+  }
+  // Each evaluation row follows its step's training row.
+  std::vector<std::string> order;
+  std::istringstream lines(vlatune::test::read_file_bytes(tmp / "run/metrics.jsonl"));
+  for (std::string line; std::getline(lines, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (!j.contains("step")) continue;  // the header
+    order.push_back(j.value("kind", std::string("train")) + std::to_string(j.at("step").get<int64_t>()));
+  }
+  CHECK(order == std::vector<std::string>{"train0", "train1", "eval1", "train2", "eval2"});
+
+  // The last row is what `vlatune eval` says of the final weights (the run's micro-batch, seed 0, 10 steps).
+  const auto e = run_cli({"eval", "--config", "tiny", "--device", "cpu", "--weights", tmp / "run/final", "--data", data,
+                          "--batch", "4", "--batches", "1"});
+  INFO(e.err);
+  REQUIRE(e.code == 0);
+  const nlohmann::json j = nlohmann::json::parse(e.out);
+  CHECK(j.at("loss").get<double>() == Approx(log.eval[1].loss).epsilon(1e-5));
+  CHECK(j.at("action_mae").get<double>() == Approx(log.eval[1].action_mae).epsilon(1e-4));
+
+  const auto orphan = run_cli({"train", "--config", "tiny", "--device", "cpu", "--data", "synthetic", "--steps", "1",
+                               "--out", tmp / "run2", "--eval-every", "2"});
+  CHECK(orphan.code == 4);
+  CHECK_THAT(orphan.err, Catch::Contains("--eval-every and --eval-batches need --eval-data"));
 }
 
 TEST_CASE(
