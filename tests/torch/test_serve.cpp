@@ -1,7 +1,7 @@
 // `vlatune serve` driven by openpi's real client (openpi-client 0.1.2's WebsocketClientPolicy, in the venv
 // scripts/setup.sh makes): metadata on connect, action chunks equal to `vlatune sample` on the same input and
 // noise, bad observations answered with an error that names them while the connection keeps serving, two clients
-// at once, and a clean stop on SIGTERM. The verb's own refusals (no server in the build) are covered too.
+// at once, and a clean stop on SIGTERM and on SIGINT. The verb's own refusals (no server in the build) are covered too.
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
@@ -111,9 +111,9 @@ struct ServerProcess {
     }
   }
 
-  // SIGTERM, then its exit code (999 when it does not stop within 30 s).
-  int stop() {
-    ::kill(pid, SIGTERM);
+  // `sig`, then its exit code (999 when it does not stop within 30 s).
+  int stop(int sig = SIGTERM) {
+    ::kill(pid, sig);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     int status = 0;
     while (::waitpid(pid, &status, WNOHANG) != pid) {
@@ -281,6 +281,13 @@ TEST_CASE("vlatune serve refuses a setup it cannot serve with exit 4, naming the
       run_cli({"serve", "--device", "cpu", "--tokenizer", tokenizer, "--norm-stats", tmp / "stats.json", "--camera-key",
                "a", "--camera-key", "b", "--camera-key", "c", "--camera-key", "d"});
   CHECK(too_many.code == 4);
+
+  // A setup it can serve, stopped by SIGINT (Ctrl-C): exit 0, saying so.
+  ServerProcess server({"--config", "tiny", "--device", "cpu", "--tokenizer", tokenizer, "--norm-stats",
+                        tmp / "stats.json", "--port", "0"},
+                       tmp.dir);
+  CHECK(server.stop(SIGINT) == 0);
+  CHECK_THAT(slurp(server.err_log), Catch::Contains("stopped by SIGINT after 0 observations served, 0 refused"));
 }
 
 #else
