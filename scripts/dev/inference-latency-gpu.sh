@@ -6,14 +6,16 @@
 #   2. `vlatune sample --bench 50`, eager and with --cuda-graph: median ms per chunk and the vision / prefix /
 #      suffix (10 steps) split;
 #   3. `vlatune profile --inference`: per-module time of one chunk (profile.json, trace.json.gz);
-#   4. `vlatune serve --cuda-graph` and openpi's client: median round trip over 50 requests of 224 x 224 images.
-# Everything lands in $OUT (summary.txt last).
+#   4. `vlatune serve --cuda-graph` and openpi's client: median round trip over 50 requests of 224 x 224 images;
+#   5. the table: median ms per chunk eager and graphed, its vision / prefix / suffix split, the round trip.
+# Everything lands in $OUT (summary.txt); the table of step 5 is printed last.
 #
 # Development machine, once: pack the headers and wheels the GPU machine cannot download, then call the device:
 #   bash scripts/pack-deps.sh && bash scripts/dev/inference-latency-gpu.sh --pack
 #   device run: command "bash scripts/dev/inference-latency-gpu.sh", carry [".deps", ".whl"]
 # --pack adds to .deps/serve/ the websocketpp, Asio and msgpack-cxx headers and a small SentencePiece tokenizer,
-# and to .whl/openpi-client/ the openpi-client wheels (with their dependencies) for CPython 3.10-3.13.
+# and to .whl/openpi-client/ openpi-client 0.1.2 with msgpack and websockets for CPython 3.10-3.13 (under 3 MB;
+# numpy is the GPU machine's own). The last lines printed are the latency table.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -32,12 +34,17 @@ if [ "${1:-}" = "--pack" ]; then
   spm_train --input="$corpus" --model_prefix="$dest/tokenizer" --vocab_size=120 --hard_vocab_limit=false \
     --pad_id=0 --eos_id=1 --bos_id=2 --unk_id=3 --user_defined_symbols=$'\n' >/dev/null 2>&1
   rm -f "$corpus"
+  # openpi-client's own wheels, small: numpy comes from the GPU machine's python3 (its venv sees the system site
+  # packages); VLATUNE_PACK_NUMPY=1 adds numpy<2 wheels too (~18 MB per Python version).
   wheels="$root/.whl/openpi-client"
-  mkdir -p "$wheels"
+  rm -rf "$wheels" && mkdir -p "$wheels"
+  pip_download() { "$(cat "$root/.vlatune/python")" -m pip download -q --no-deps -d "$wheels" "$@"; }
+  pip_download openpi-client==0.1.2 typing_extensions
   for py in 3.10 3.11 3.12 3.13; do
-    "$(cat "$root/.vlatune/python")" -m pip download -q --only-binary=:all: --python-version "$py" \
-      --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
-      -d "$wheels" openpi-client==0.1.2 typing_extensions
+    extra=()
+    [ "${VLATUNE_PACK_NUMPY:-0}" = 1 ] && [ "$py" != 3.13 ] && extra=("numpy<2")
+    pip_download --only-binary=:all: --python-version "$py" --platform manylinux2014_x86_64 \
+      --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 msgpack "websockets>=11" "${extra[@]}"
   done
   echo "packed: $dest, $wheels"
   exit 0
@@ -100,8 +107,10 @@ PY
 # The openpi client round trip: server with the graph, 224 x 224 images resized by the server (none needed).
 client_venv=/tmp/vlatune-openpi-client
 if [ ! -x "$client_venv/bin/python" ]; then
-  python3 -m venv "$client_venv" && "$client_venv/bin/pip" install -q --no-index --find-links .whl/openpi-client \
-    openpi-client typing_extensions >"$out/client_venv.log" 2>&1
+  python3 -m venv --system-site-packages "$client_venv" && "$client_venv/bin/pip" install -q --no-index --no-deps \
+    --find-links .whl/openpi-client openpi-client typing_extensions msgpack websockets >"$out/client_venv.log" 2>&1
+  "$client_venv/bin/python" -c "import numpy" 2>/dev/null ||
+    "$client_venv/bin/pip" install -q --no-index --find-links .whl/openpi-client "numpy<2" >>"$out/client_venv.log" 2>&1
 fi
 python3 - "$out/norm_stats.json" <<'PY'
 import json, sys
@@ -128,3 +137,27 @@ fi
 kill -TERM "$server" 2>/dev/null; wait "$server"
 note "serve exit $?; $(tail -1 "$out/serve.err")"
 note "total $(( $(date +%s) - t0 ))s"
+
+# The table last: median ms per action chunk at batch 1 (full size, bf16, two cameras, 200-token prompt, 10 steps).
+python3 - "$out" <<'PY'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+def load(name):
+    try:
+        return json.loads((out / name).read_text())
+    except (OSError, ValueError):
+        return {}
+def ms(d, key):
+    return f"{d[key]:.2f}" if isinstance(d.get(key), (int, float)) else "n/a"
+rows = [("vlatune sample, eager", load("sample_eager.json").get("bench", {})),
+        ("vlatune sample, --cuda-graph", load("sample_graph.json").get("bench", {}))]
+print("| path | chunk ms (median) | vision | prefix | suffix (10 steps) |")
+print("|---|---|---|---|---|")
+for name, b in rows:
+    print(f"| {name} | {ms(b, 'chunk_ms_median')} | {ms(b, 'vision_ms_median')} | {ms(b, 'prefix_ms_median')} "
+          f"| {ms(b, 'suffix_ms_median')} |")
+c = load("client.json")
+print(f"| openpi client -> vlatune serve --cuda-graph, round trip (224 x 224 images) | {ms(c, 'round_trip_ms_median')} "
+      f"| server infer {ms(c, 'server_infer_ms_median')} | | |")
+print("target: <= 20 ms per chunk (median, inside vlatune sample/serve, network excluded)")
+PY
