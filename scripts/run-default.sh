@@ -3,7 +3,8 @@
 # embedded default: the tiny Pi0.5 config on the CPU, or the full-size model (bf16) when a GPU is visible.
 #   a LeRobot dataset made for the purpose (v2.1, PNG frames, two cameras; by the test fixture generator
 #   vlatune_make_lerobot) and a small SentencePiece tokenizer -> vlatune data import (2 episodes held out)
-#   -> vlatune profile -> vlatune plan -> vlatune train --recipe -> vlatune eval (the held-out split)
+#   -> vlatune profile -> vlatune plan -> vlatune train --recipe, evaluating on the held-out split every 10 steps
+#   -> vlatune eval (the held-out split, the final weights)
 #   -> vlatune sample -> vlatune report
 # Where the build cannot write LeRobot datasets (no Arrow or FFmpeg), a synthetic packed dataset stands in for the
 # import. Outputs land in out/default/ (replaced on every run); the last lines say where each one is.
@@ -55,7 +56,8 @@ fi
   --ab-steps 1 --gemm-reps 2 --out "$out/profile"
 "$vlatune" plan --profile "$out/profile/profile.json" "${budget[@]}" --batch "$batch" --out "$out/recipe.json"
 "$vlatune" train --config "$config" --data "$out/data" --recipe "$out/recipe.json" --steps "$steps" \
-  --out "$out/run" --lr 1e-4 --warmup-steps 5 --checkpoint-every 10 --log-every 5 --no-progress
+  --out "$out/run" --lr 1e-4 --warmup-steps 5 --checkpoint-every 10 --log-every 5 --no-progress \
+  --eval-data "$eval_data" --eval-every 10 --eval-batches 2
 "$vlatune" eval --config "$config" --dtype "$dtype" --weights "$out/run/final" --data "$eval_data" --batch 4 \
   >"$out/eval.json"
 "$vlatune" model batch --config "$config" --batch 1 --slots 3 --cameras 2 --horizon 10 --seed 1 \
@@ -70,7 +72,8 @@ cat <<EOF
 dataset       $out/data (imported; held-out split: $eval_data)
 profile       $out/profile/profile.json (trace: $out/profile/trace.json.gz)
 recipe        $out/recipe.json
-training run  $out/run (metrics.jsonl, run.json, checkpoints; weights and norm stats in $out/run/final)
+training run  $out/run (metrics.jsonl with held-out evaluation rows, run.json, checkpoints; weights and norm stats
+              in $out/run/final)
 evaluation    $out/eval.json: $(cat "$out/eval.json")
 actions       $out/actions.safetensors (actions [1, 10, 32]; actions_real in the dataset's units): $(cat "$out/sample.json")
 report        $out/report.html
