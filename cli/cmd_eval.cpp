@@ -11,6 +11,7 @@
 #include "cli/cli.h"
 #include "cli/policy_options.h"
 #include "cli/torch_options.h"
+#include "cli/validators.h"
 #include "formats/json_error.h"
 #include "formats/metrics_jsonl.h"
 #include "trainer/evaluate.h"
@@ -18,7 +19,7 @@
 namespace vlatune::cli {
 
 struct EvalCliOptions {
-  std::string config = "tiny";
+  std::string config;  // empty: policy_config_name()
   std::string weights;
   std::string data;
   int64_t batches = 0;
@@ -33,8 +34,9 @@ struct EvalCliOptions {
 };
 
 static int run_eval(const EvalCliOptions& o, Context& ctx) {
-  const auto cfg = model::Pi05Config::named(o.config);
   const auto device = parse_device("--device", o.device);
+  const std::string config = policy_config_name(o.config, device);
+  const auto cfg = model::Pi05Config::named(config);
   const auto dtype = parse_dtype("--dtype", o.dtype);
   trainer::EvalOptions eo;
   eo.batch = o.batch;
@@ -72,10 +74,12 @@ void setup_eval(CLI::App& app, Context& ctx) {
   auto* cmd = app.add_subcommand("eval",
                                  "Evaluate a policy on held-out data: flow-matching loss (fixed noise and time) and "
                                  "the error of sampled action chunks in real units, overall and per dim");
-  cmd->add_option("--config", opts->config, "Model size")->check(CLI::IsMember({"tiny", "full"}));
+  cmd->add_option("--config", opts->config, "Model size (default: full on a GPU, tiny on the CPU)")
+      ->check(CLI::IsMember({"tiny", "full"}));
   cmd->add_option("--weights", opts->weights,
                   "Weights: a safetensors file (openpi or LeRobot names) or a run's final/ directory")
-      ->required();
+      ->required()
+      ->check(file_or_directory());
   cmd->add_option("--data", opts->data,
                   "Held-out packed dataset (e.g. DATA/val of `data import --val-episodes`); its norm stats turn "
                   "the action error into real units")
@@ -84,7 +88,8 @@ void setup_eval(CLI::App& app, Context& ctx) {
   cmd->add_option("--batches", opts->batches, "Batches to evaluate (default: dataset size / batch, each sample once)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--batch", opts->batch, "Samples per batch")->check(CLI::Range(1, 1 << 16));
-  cmd->add_option("--seed", opts->seed, "Seed of the batch order, noise and time (fixed: same weights, same numbers)");
+  cmd->add_option("--seed", opts->seed, "Seed of the batch order, noise and time (fixed: same weights, same numbers)")
+      ->check(unsigned_integer());
   cmd->add_option("--steps", opts->steps, "Euler steps per sampled chunk (openpi: 10)")->check(CLI::Range(1, 1000));
   cmd->add_option("--horizon", opts->horizon, "Action chunk length (default: the dataset's)")
       ->check(CLI::Range(1, 4096));

@@ -13,6 +13,7 @@
 #include "cli/cli.h"
 #include "cli/policy_options.h"
 #include "cli/torch_options.h"
+#include "cli/validators.h"
 #include "model/batch_io.h"
 #include "model/pi05.h"
 #include "model/safetensors_io.h"
@@ -21,7 +22,7 @@
 namespace vlatune::cli {
 
 struct SampleCliOptions {
-  std::string config = "tiny";
+  std::string config;  // empty: policy_config_name()
   std::string weights;
   uint64_t seed = 0;
   std::string batch;
@@ -79,9 +80,13 @@ nlohmann::json bench(model::Sampler& sampler, const model::Pi05Batch& batch, con
 }  // namespace
 
 static int run_sample(const SampleCliOptions& o, Context& ctx) {
-  const auto cfg = model::Pi05Config::named(o.config);
   const auto device = parse_device("--device", o.device);
+  const std::string config = policy_config_name(o.config, device);
+  const auto cfg = model::Pi05Config::named(config);
   const auto dtype = parse_dtype("--dtype", o.dtype);
+  require_distinct_output(
+      "--out", o.out,
+      {{"--weights", o.weights.empty() ? std::string() : weights_file(o.weights)}, {"--batch", o.batch}});
   model::Pi05Batch batch;
   try {
     batch = model::read_observation_batch(o.batch, cfg);
@@ -129,8 +134,7 @@ static int run_sample(const SampleCliOptions& o, Context& ctx) {
                                     norm->actions);
       tensors.emplace_back("actions_real", real.narrow(2, 0, d).contiguous());
     }
-    model::write_safetensors(o.out, tensors,
-                             {{"vlatune.config", o.config}, {"vlatune.steps", std::to_string(o.steps)}});
+    model::write_safetensors(o.out, tensors, {{"vlatune.config", config}, {"vlatune.steps", std::to_string(o.steps)}});
     report["out"] = o.out;
   }
   if (o.bench > 0) {
@@ -148,20 +152,23 @@ void setup_sample(CLI::App& app, Context& ctx) {
   auto* cmd = app.add_subcommand("sample",
                                  "Sample action chunks from a policy (prefix K/V cached, Euler steps of the "
                                  "action expert) for a batch; writes actions [B, H, 32] (and real units)");
-  cmd->add_option("--config", opts->config, "Model size")->check(CLI::IsMember({"tiny", "full"}));
+  cmd->add_option("--config", opts->config, "Model size (default: full on a GPU, tiny on the CPU)")
+      ->check(CLI::IsMember({"tiny", "full"}));
   cmd->add_option("--weights", opts->weights,
                   "Weights: a safetensors file (openpi or LeRobot names) or a run's final/ directory; omitted: "
-                  "random weights from --seed");
-  cmd->add_option("--seed", opts->seed, "Random weights seed when --weights is omitted");
+                  "random weights from --seed")
+      ->check(file_or_directory());
+  cmd->add_option("--seed", opts->seed, "Random weights seed when --weights is omitted")->check(unsigned_integer());
   cmd->add_option("--batch", opts->batch,
                   "Batch (safetensors, the forward format; actions and time optional, its noise used when present)")
       ->required()
-      ->check(CLI::ExistingFile);
+      ->check(regular_file());
   cmd->add_option("--steps", opts->steps, "Euler steps (openpi: 10)")->check(CLI::Range(1, 1000));
   cmd->add_option("--horizon", opts->horizon,
                   "Action chunk length when the batch has no noise (default: its actions' length, else 10)")
       ->check(CLI::Range(1, 4096));
-  cmd->add_option("--noise-seed", opts->noise_seed, "Seed of the noise when the batch has none");
+  cmd->add_option("--noise-seed", opts->noise_seed, "Seed of the noise when the batch has none")
+      ->check(unsigned_integer());
   cmd->add_option("--dtype", opts->dtype, "Parameter and compute dtype")
       ->check(CLI::IsMember({"fp32", "bf16", "fp64"}));
   cmd->add_option("--device", opts->device, "auto: GPU when visible")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
@@ -169,7 +176,7 @@ void setup_sample(CLI::App& app, Context& ctx) {
   cmd->add_option("--norm-stats", opts->norm_stats,
                   "norm_stats.json (openpi layout) to also write actions_real, un-normalized and cut to the real "
                   "action dims (default: WEIGHTS/norm_stats.json when WEIGHTS is a directory)")
-      ->check(CLI::ExistingFile);
+      ->check(regular_file());
   cmd->add_option("--out", opts->out, "Write actions (and actions_real, noise) to this safetensors file");
   cmd->add_option("--bench", opts->bench, "Time N more chunks: median ms per chunk and its vision/prefix/suffix split")
       ->check(CLI::Range(0, 100000));

@@ -20,7 +20,7 @@
 namespace vlatune::cli {
 
 struct ServeCliOptions {
-  std::string config = "tiny";
+  std::string config;  // empty: policy_config_name()
   std::string weights;
   uint64_t seed = 0;
   std::string norm_stats;
@@ -55,8 +55,9 @@ static int run_serve(const ServeCliOptions& o, Context& ctx) {
     throw Unavailable(
         "vlatune serve tokenizes prompts with SentencePiece, which this build lacks "
         "(apt-get install libsentencepiece-dev, then rebuild)");
-  const auto cfg = model::Pi05Config::named(o.config);
   const auto device = parse_device("--device", o.device);
+  const std::string config = policy_config_name(o.config, device);
+  const auto cfg = model::Pi05Config::named(config);
   const auto dtype = parse_dtype("--dtype", o.dtype);
   const std::string norm_path = o.norm_stats.empty() ? default_norm_stats(o.weights) : o.norm_stats;
   if (norm_path.empty())
@@ -92,7 +93,7 @@ static int run_serve(const ServeCliOptions& o, Context& ctx) {
     throw BadInput(e.what());
   }
   nlohmann::json metadata = policy->metadata();
-  metadata["config"] = o.config;
+  metadata["config"] = config;
   metadata["device"] = device.str();
   metadata["dtype"] = o.dtype;
 
@@ -106,7 +107,7 @@ static int run_serve(const ServeCliOptions& o, Context& ctx) {
         server, metadata_message,
         [&policy](const std::string& payload, double prev_total_ms) { return policy->handle(payload, prev_total_ms); },
         [&](int port) {
-          ctx.out << "vlatune serve: listening on ws://" << o.host << ":" << port << " (" << o.config << " Pi0.5, "
+          ctx.out << "vlatune serve: listening on ws://" << o.host << ":" << port << " (" << config << " Pi0.5, "
                   << device.str() << ", " << o.dtype << ", " << o.steps << " steps, horizon " << o.horizon << ")"
                   << std::endl;
         },
@@ -123,17 +124,19 @@ void setup_serve(CLI::App& app, Context& ctx) {
   auto* cmd = app.add_subcommand("serve",
                                  "Serve a policy over openpi's websocket protocol (openpi-client, the LIBERO "
                                  "example): observations in, action chunks out");
-  cmd->add_option("--config", opts->config, "Model size")->check(CLI::IsMember({"tiny", "full"}));
+  cmd->add_option("--config", opts->config, "Model size (default: full on a GPU, tiny on the CPU)")
+      ->check(CLI::IsMember({"tiny", "full"}));
   cmd->add_option("--weights", opts->weights,
-                  "Weights: a safetensors file or a run's final/ directory (omitted: random weights from --seed)");
-  cmd->add_option("--seed", opts->seed, "Random weights seed when --weights is omitted");
+                  "Weights: a safetensors file or a run's final/ directory (omitted: random weights from --seed)")
+      ->check(file_or_directory());
+  cmd->add_option("--seed", opts->seed, "Random weights seed when --weights is omitted")->check(unsigned_integer());
   cmd->add_option("--norm-stats", opts->norm_stats,
                   "norm_stats.json (openpi layout): state normalization, action un-normalization and the real "
                   "action dims (default: WEIGHTS/norm_stats.json)")
-      ->check(CLI::ExistingFile);
+      ->check(regular_file());
   cmd->add_option("--tokenizer", opts->tokenizer, "SentencePiece model of the prompts (PaliGemma's tokenizer.model)")
       ->required()
-      ->check(CLI::ExistingFile);
+      ->check(regular_file());
   cmd->add_option("--host", opts->host, "Address to listen on (0.0.0.0: every interface)");
   cmd->add_option("--port", opts->port, "Port (openpi: 8000; 0: any free port, printed)")->check(CLI::Range(0, 65535));
   cmd->add_option("--steps", opts->steps, "Euler steps per chunk (openpi: 10)")->check(CLI::Range(1, 1000));
@@ -155,7 +158,8 @@ void setup_serve(CLI::App& app, Context& ctx) {
   cmd->add_option("--max-message-mb", opts->max_message_mb,
                   "Largest observation message (MiB); larger ones get an error reply")
       ->check(finite_range(0.001, 4096));
-  cmd->add_option("--noise-seed", opts->noise_seed, "Seed of the noise drawn for observations without one");
+  cmd->add_option("--noise-seed", opts->noise_seed, "Seed of the noise drawn for observations without one")
+      ->check(unsigned_integer());
   cmd->callback([&ctx, opts] { ctx.action = [&ctx, opts] { return run_serve(*opts, ctx); }; });
 }
 

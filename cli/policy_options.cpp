@@ -32,6 +32,11 @@ std::string weights_file(const std::string& weights) {
   throw BadInput("--weights " + weights + ": no such file or directory");
 }
 
+std::string policy_config_name(const std::string& flag, torch::Device device) {
+  if (!flag.empty()) return flag;
+  return device.is_cuda() ? "full" : "tiny";
+}
+
 std::string default_norm_stats(const std::string& weights) {
   const std::string inside = weights + "/norm_stats.json";
   return is_directory(weights) && is_file(inside) ? inside : std::string();

@@ -15,6 +15,9 @@ namespace vlatune::cli {
 // The weights file WEIGHTS names (BadInput when neither a file nor a directory with model.safetensors).
 std::string weights_file(const std::string& weights);
 
+// The model size of --config: the flag's value, or (empty) full on a GPU and tiny on the CPU.
+std::string policy_config_name(const std::string& flag, torch::Device device);
+
 // WEIGHTS/norm_stats.json when WEIGHTS is a directory holding one, else "".
 std::string default_norm_stats(const std::string& weights);
 
