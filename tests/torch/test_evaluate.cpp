@@ -1,9 +1,10 @@
-// Held-out evaluation (trainer/evaluate.h) and the `sample` / `eval` verbs on the tiny config: fixed-seed
-// numbers that repeat, the loss of the training forward, the action error in the dataset's real units, and the
-// verbs' outputs and refusals.
+// Held-out evaluation (trainer/evaluate.h), `train --eval-data`, and the `sample` / `eval` / `profile --inference`
+// verbs on the tiny config: fixed-seed numbers that repeat, the loss of the training forward, the action error in
+// the dataset's real units, evaluation rows in metrics.jsonl, and the verbs' outputs and refusals.
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -13,6 +14,7 @@
 #include "data_test_util.h"
 #include "formats/json_io.h"
 #include "formats/metrics_jsonl.h"
+#include "formats/profile.h"
 #include "model/batch_io.h"
 #include "model/pi05.h"
 #include "model/safetensors_io.h"
@@ -311,4 +313,35 @@ TEST_CASE(
   CHECK(missing.code == 4);
   CHECK_THAT(missing.err, Catch::Contains("tensor 'tokens': missing"));
   CHECK(run_cli({"sample", "--batch", tmp / "batch.safetensors", "--steps", "0"}).code == 4);
+}
+
+TEST_CASE("profile --inference times sampled chunks at batch 1 by module: vision, backbone, expert, no backward",
+          "[profile][sample][cli]") {
+  TempTree tmp;
+  const auto r = run_cli({"profile",       "--inference", "--config",      "tiny", "--device",       "cpu",
+                          "--warmup",      "1",           "--timed-steps", "2",    "--steps",        "1",
+                          "--trace-steps", "0",           "--gemm-reps",   "0",    "--sample-steps", "3",
+                          "--text-len",    "48",          "--prompt-len",  "10",   "--out",          tmp / "prof"});
+  INFO(r.out << r.err);
+  REQUIRE(r.code == 0);
+  const formats::Profile p = formats::read_profile(tmp / "prof/profile.json");
+  CHECK_THAT(p.settings.data, Catch::StartsWith("inference: one action chunk per step (batch 1"));
+  REQUIRE(p.batches.size() == 1);
+  const formats::BatchProfile& b = p.batches[0];
+  CHECK(b.batch == 1);
+  CHECK(b.memory.gradient_bytes == int64_t{0});
+  for (const std::string fqn : {"paligemma_with_expert.paligemma.model.vision_tower",
+                                "paligemma_with_expert.paligemma.model.language_model.layers.0",
+                                "paligemma_with_expert.gemma_expert.model.layers.0"}) {
+    INFO(fqn);
+    const auto it =
+        std::find_if(b.modules.begin(), b.modules.end(), [&](const formats::ModuleCost& m) { return m.fqn == fqn; });
+    REQUIRE(it != b.modules.end());
+    CHECK(it->forward_ms > 0);
+    CHECK(it->backward_ms == 0);
+  }
+  const auto batched = run_cli(
+      {"profile", "--inference", "--config", "tiny", "--device", "cpu", "--batch", "2", "--out", tmp / "prof2"});
+  CHECK(batched.code == 4);
+  CHECK_THAT(batched.err, Catch::Contains("batch 1"));
 }
