@@ -152,6 +152,14 @@ void setup_train(CLI::App& app, Context& ctx) {
   cmd->add_flag("--no-tensorboard", o->no_tensorboard,
                 "Write no TensorBoard event file (by default events.out.tfevents.* beside metrics.jsonl holds "
                 "the same scalars: tensorboard --logdir RUN_DIR)");
+  cmd->add_option("--eval-data", t.eval_data,
+                  "Held-out packed dataset (data import --val-episodes: OUT/val): evaluation rows in metrics.jsonl, "
+                  "as vlatune eval computes them")
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--eval-every", t.eval_every, "Evaluate after every N steps (0: after the last step only)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  cmd->add_option("--eval-batches", t.eval_batches, "Batches per evaluation (0: the whole held-out set)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   cmd->add_option("--cuda-graph", o->cuda_graph,
                   "step: replay each step as one captured CUDA graph (CUDA, one process, grad_accum 1; recipe: "
                   "model_options.cuda_graph); off: eager")

@@ -250,7 +250,7 @@ formats::BatchProfile Session::profile_batch(int64_t batch, bool first, TraceDat
   int64_t params = 0;
   for (const auto& p : model_.parameters()) params += static_cast<int64_t>(p.nbytes());
   b.memory.parameter_bytes = params;
-  b.memory.gradient_bytes = params;  // one gradient per parameter, same dtype
+  b.memory.gradient_bytes = opt_.inference ? 0 : params;  // one gradient per parameter, same dtype
   if (driver_.optimizer_state_bytes) b.memory.optimizer_bytes = driver_.optimizer_state_bytes();
   if (memory_.cuda) {
     b.memory.activation_bytes = static_cast<int64_t>(activation_sum / static_cast<double>(opt_.steps));
