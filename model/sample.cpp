@@ -106,7 +106,6 @@ const Sampler::Conditioning& Sampler::conditioning(int64_t batch) {
   if (it != conditioning_.end()) return it->second;
   const auto md = math_dtype(compute_);
   const auto device = model_.action_in_proj->weight.device();
-  const bool fz = fused(model_.action_in_proj->weight);
   Conditioning c;
   for (float t : times_) {
     // As Pi05Impl::forward: sinusoidal embedding in the math dtype, time MLP with SiLU after both layers.
@@ -123,8 +122,6 @@ const Sampler::Conditioning& Sampler::conditioning(int64_t batch) {
     scope.emplace(inputs_scope_name());
     c.cond.push_back(torch::silu(h));
     scope.reset();
-    c.modulations.push_back(fz ? model_.expert_model().merged_modulations(c.cond.back())
-                               : std::vector<torch::Tensor>{});
   }
   return conditioning_.emplace(batch, std::move(c)).first->second;
 }
@@ -138,6 +135,7 @@ void Sampler::encode_prefix(const Pi05Batch& raw, int64_t horizon, Cache& cache,
   const Pi05Batch b = apply_input_shortcuts(raw, options_.forward);
   inputs.reset();
   const bool fz = fused(b.tokens);
+  const kernels::OpPath path = fz ? kernels::OpPath::kFused : kernels::OpPath::kReference;
   const int64_t batch = b.tokens.size(0);
   const Attention attention = options_.forward.attention;
 
@@ -205,8 +203,7 @@ void Sampler::encode_prefix(const Pi05Batch& raw, int64_t horizon, Cache& cache,
     GemmaAttentionImpl& a = *layer.self_attn;
     profiler::Scope layer_scope(layer.fqn());
     const bool last = i + 1 == depth;
-    const NormOutput n =
-        fz ? layer.pre_attention_norm_fused(hp, torch::Tensor()) : layer.pre_attention_norm(hp, torch::Tensor());
+    const NormOutput n = layer.pre_attention_norm(hp, torch::Tensor(), path);
     torch::Tensor attn;
     {
       profiler::Scope attn_scope(a.fqn());
@@ -231,16 +228,8 @@ void Sampler::encode_prefix(const Pi05Batch& raw, int64_t horizon, Cache& cache,
       q = apply_rope(split_heads(q, heads, d), cos, sin);
       attn = a.o_proj(attention_core(q, k, v, mask, attention).transpose(1, 2).reshape({batch, p, heads * d}));
     }
-    torch::Tensor h;
-    NormOutput n2;
-    if (fz) {
-      n2 = layer.residual_pre_ffn_norm_fused(n.h, attn, torch::Tensor(), torch::Tensor());
-      h = n2.h;
-    } else {
-      h = hp + attn;
-      n2 = layer.pre_ffn_norm(h, torch::Tensor());
-    }
-    hp = h + (fz ? layer.mlp->forward_fused(n2.y) : layer.mlp->forward(n2.y));
+    const NormOutput n2 = layer.residual_pre_ffn_norm(n.h, attn, torch::Tensor(), torch::Tensor(), path);
+    hp = n2.h + layer.mlp->forward(n2.y, /*recompute_gate_up=*/false, fz);
   }
   if (timing != nullptr) {
     synchronize(device);
@@ -252,12 +241,11 @@ torch::Tensor Sampler::velocity(Cache& cache, const torch::Tensor& x, int64_t st
   const Pi05Config& cfg = model_.config();
   const auto md = math_dtype(compute_);
   const bool fz = fused(x);
+  const kernels::OpPath path = fz ? kernels::OpPath::kFused : kernels::OpPath::kReference;
   const int64_t batch = x.size(0), s = x.size(1), p = cache.prefix_len;
   const int64_t heads = cfg.backbone.heads, kv_heads = cfg.backbone.kv_heads, d = cfg.backbone.head_dim;
   const Conditioning& c = conditioning(batch);
   const torch::Tensor& cond = c.cond[static_cast<size_t>(step)];
-  const std::vector<torch::Tensor>& mods = c.modulations[static_cast<size_t>(step)];
-  auto mod = [&mods](size_t i) { return mods.empty() ? torch::Tensor() : mods[i]; };
   GemmaModelImpl& ex = model_.expert_model();
 
   torch::Tensor hs = model_.action_in_proj(x.to(compute_));
@@ -265,7 +253,7 @@ torch::Tensor Sampler::velocity(Cache& cache, const torch::Tensor& x, int64_t st
     GemmaDecoderLayerImpl& layer = *ex.layers[i];
     GemmaAttentionImpl& a = *layer.self_attn;
     profiler::Scope layer_scope(layer.fqn());
-    const NormOutput n = fz ? layer.pre_attention_norm_fused(hs, cond, mod(2 * i)) : layer.pre_attention_norm(hs, cond);
+    const NormOutput n = layer.pre_attention_norm(hs, cond, path);
     torch::Tensor attn;
     {
       profiler::Scope attn_scope(a.fqn());
@@ -287,18 +275,11 @@ torch::Tensor Sampler::velocity(Cache& cache, const torch::Tensor& x, int64_t st
           attention_core(q, cache.keys[i], cache.values[i], cache.suffix_mask, options_.forward.attention);
       attn = a.o_proj(o.transpose(1, 2).reshape({batch, s, heads * d}));
     }
-    NormOutput n2;
-    if (fz) {
-      n2 = layer.residual_pre_ffn_norm_fused(n.h, attn, n.gate, cond, mod(2 * i + 1));
-      hs = n2.h;
-    } else {
-      hs = hs + n.gate * attn;
-      n2 = layer.pre_ffn_norm(hs, cond);
-    }
-    hs = hs + n2.gate * (fz ? layer.mlp->forward_fused(n2.y) : layer.mlp->forward(n2.y));
+    const NormOutput n2 = layer.residual_pre_ffn_norm(n.h, attn, n.gate, cond, path);
+    hs = n2.h + n2.gate * layer.mlp->forward(n2.y, /*recompute_gate_up=*/false, fz);
   }
   // Velocity head in the math dtype; the final adaRMS gate is discarded (spec §3).
-  const torch::Tensor out = ex.final_norm(hs, cond, fz, mods.empty() ? torch::Tensor() : mods.back()).y.to(md);
+  const torch::Tensor out = ex.final_norm(hs, cond, path).y.to(md);
   return model_.action_out_proj(out);
 }
 

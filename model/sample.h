@@ -40,8 +40,8 @@ class Pi05Impl;
 struct SampleOptions {
   int64_t num_steps = 10;  // Euler steps (openpi: 10)
   // Exact shortcuts (empty camera slots, text padding) and the kernels/attention/precision of the passes; the
-  // training-only fields (loss_action_dim, skip_dead: the last layer's prefix work is always skipped here,
-  // merge_modulations: always merged on the fused path) are ignored.
+  // training-only fields (loss_action_dim, skip_dead: the last layer's prefix work is always skipped here) are
+  // ignored.
   ForwardOptions forward;
   bool cuda_graph = false;  // capture the denoising loop (CUDA only; ignored elsewhere)
 };
@@ -93,8 +93,7 @@ class Sampler {
 
  private:
   struct Conditioning {
-    std::vector<torch::Tensor> cond;                      // per step [B, width]
-    std::vector<std::vector<torch::Tensor>> modulations;  // per step: the merged adaRMS modulations (fused path)
+    std::vector<torch::Tensor> cond;  // per step [B, width]
   };
   struct Graph;
 
