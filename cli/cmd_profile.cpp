@@ -7,10 +7,13 @@
 #include <optional>
 
 #include "cli/cli.h"
+#include "cli/policy_options.h"
+#include "cli/torch_options.h"
 #include "cli/validators.h"
 #include "formats/fqn_pattern.h"
 #include "formats/json_error.h"
 #include "formats/recipe.h"
+#include "model/sample.h"
 #include "profiler/session.h"
 #include "trainer/distributed.h"
 #include "trainer/environment.h"
@@ -38,14 +41,25 @@ struct ProfileOptions {
   uint64_t seed = 42;
   std::string dist_buckets = "groups";
   double dist_timeout_s = 600;
+  // --inference: sampled action chunks at batch 1 instead of training steps.
+  bool inference = false;
+  bool batch_given = false;
+  std::string weights;
+  std::string dtype = "auto";
+  int64_t sample_steps = 10;
+  int64_t cameras = 2;
+  int64_t text_len = 200;
+  int64_t prompt_len = 20;
+  int64_t horizon = 10;
 };
 
 static int profile(const ProfileOptions& o, std::ostream& log);
+static int profile_inference(const ProfileOptions& o, std::ostream& log);
 
 // Bad input anywhere (a recipe, a pattern, an option the trainer rejects) exits 4 with its message.
 static int run_profile(const ProfileOptions& o, std::ostream& log) {
   try {
-    return profile(o, log);
+    return o.inference ? profile_inference(o, log) : profile(o, log);
   } catch (const trainer::TrainInputError& e) {
     throw BadInput(e.what());
   } catch (const formats::FormatError& e) {
@@ -157,6 +171,62 @@ static int profile(const ProfileOptions& o, std::ostream& caller_log) {
   return kExitOk;
 }
 
+// --inference: one "step" is one action chunk (model::Sampler: the prefix pass into the K/V cache, then the Euler
+// steps of the suffix) at batch 1 on a random LIBERO-shaped observation, eagerly (attribution needs the kernels
+// launched from their modules; a replayed CUDA graph would hide them), through the same session and attribution.
+static int profile_inference(const ProfileOptions& o, std::ostream& log) {
+  if (o.batch_given) throw BadInput("--batch: an --inference profile samples one chunk at a time (batch 1)");
+  if (!o.recipe.empty() || !o.candidates.empty())
+    throw BadInput("--recipe and --recompute-candidate apply to training profiles, not --inference");
+  if (o.prompt_len > o.text_len)
+    throw BadInput("--prompt-len " + std::to_string(o.prompt_len) + " exceeds --text-len " +
+                   std::to_string(o.text_len));
+  const torch::Device device = parse_device("--device", o.device);
+  const std::string config = policy_config_name(o.config, device);
+  const auto cfg = model::Pi05Config::named(config);
+  const torch::Dtype dtype =
+      o.dtype == "auto" ? (device.is_cuda() ? torch::kBFloat16 : torch::kFloat32) : parse_dtype("--dtype", o.dtype);
+  model::Pi05 net = load_policy_model(cfg, o.weights, o.seed, device, dtype);
+  torch::Generator gen = at::detail::createCPUGenerator(o.seed);
+  model::Pi05Batch batch = model::make_random_batch(cfg, 1, /*slots=*/3, o.cameras, o.text_len, o.prompt_len,
+                                                    o.prompt_len, o.horizon, &gen, torch::kCPU);
+  for (torch::Tensor* t : model::batch_tensors(batch)) *t = t->to(device);
+  model::SampleOptions so;
+  so.num_steps = o.sample_steps;
+  model::Sampler sampler(*net, so);
+
+  profiler::StepDriver driver;
+  driver.run_step = [&](int64_t) {
+    sampler.sample(batch, batch.noise);
+    if (device.is_cuda()) torch::cuda::synchronize();
+    return 0.0;
+  };
+  driver.set_batch = [](int64_t) {};
+  profiler::ProfileOptions popt;
+  popt.batches = {1};
+  popt.warmup = o.warmup;
+  popt.timed_steps = o.timed_steps;
+  popt.steps = o.steps;
+  popt.trace_steps = o.trace_steps;
+  popt.ab_steps = 0;
+  popt.gemm_repetitions = o.gemm_reps;
+  popt.tracer = o.tracer;
+  popt.out_dir = o.out;
+  popt.inference = true;
+  popt.data_label = "inference: one action chunk per step (batch 1, " + std::to_string(o.cameras) + " cameras, " +
+                    std::to_string(o.prompt_len) + " prompt tokens padded to " + std::to_string(o.text_len) +
+                    ", horizon " + std::to_string(o.horizon) + ", " + std::to_string(o.sample_steps) + " Euler steps)";
+  formats::Recipe recipe;
+  recipe.batch.micro_batch = 1;
+  popt.recipe = recipe;
+  popt.environment = trainer::capture_environment(device, config, formats::recipe_hash(recipe), 1);
+  trainer::make_directories(o.out);
+  log << "vlatune profile --inference: " << config << " Pi0.5 on " << device << " (" << c10::toString(dtype) << "), "
+      << popt.data_label << std::endl;
+  profiler::run_profile(*net, driver, popt, log);
+  return kExitOk;
+}
+
 void setup_profile(CLI::App& app, Context& ctx) {
   auto opts = std::make_shared<ProfileOptions>();
   auto* cmd = app.add_subcommand("profile",
@@ -171,7 +241,9 @@ void setup_profile(CLI::App& app, Context& ctx) {
       ->default_str("required");
   cmd->add_option("--device", opts->device, "auto: the GPU when visible")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  cmd->add_option("--batch", opts->batch, "Micro-batch size")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--batch", opts->batch, "Micro-batch size")
+      ->check(CLI::Range(1, 1 << 20))
+      ->each([opts](const std::string&) { opts->batch_given = true; });
   cmd->add_option("--second-batch", opts->second_batch, "Smaller micro-batch also profiled, for extrapolation")
       ->check(CLI::Range(1, 1 << 20))
       ->default_str("--batch / 2");
@@ -201,6 +273,21 @@ void setup_profile(CLI::App& app, Context& ctx) {
   cmd->add_option("--dist-timeout", opts->dist_timeout_s,
                   "Seconds a collective or the rendezvous may take before the run fails")
       ->check(finite_range(0.1, 86400.0));
+  // Inference: per-module time of one sampled action chunk (vision, prefix pass, the Euler steps) at batch 1.
+  cmd->add_flag("--inference", opts->inference,
+                "Profile sampling (one action chunk per step, batch 1) instead of training steps");
+  cmd->add_option("--weights", opts->weights, "--inference: weights (file or final/ directory; default: random)")
+      ->check(file_or_directory());
+  cmd->add_option("--dtype", opts->dtype, "--inference: auto (bf16 on a GPU, fp32 on the CPU), fp32 or bf16")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
+  cmd->add_option("--sample-steps", opts->sample_steps, "--inference: Euler steps per chunk")
+      ->check(CLI::Range(1, 1000));
+  cmd->add_option("--cameras", opts->cameras, "--inference: cameras of the observation (of 3 slots)")
+      ->check(CLI::Range(1, 3));
+  cmd->add_option("--text-len", opts->text_len, "--inference: padded prompt length")->check(CLI::Range(1, 4096));
+  cmd->add_option("--prompt-len", opts->prompt_len, "--inference: real prompt tokens")->check(CLI::Range(1, 4096));
+  cmd->add_option("--horizon", opts->horizon, "--inference: action chunk length (pi05_libero: 10)")
+      ->check(CLI::Range(1, 4096));
   cmd->callback([&ctx, opts] { ctx.action = [opts, &ctx] { return run_profile(*opts, ctx.err); }; });
 }
 

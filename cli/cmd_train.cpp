@@ -27,6 +27,7 @@ struct TrainCliOptions {
   double decay_lr = 0;
   bool no_progress = false;
   bool no_save = false;
+  bool no_tensorboard = false;
 };
 
 // The flags given with --resume that it cannot take, refused all at once.
@@ -61,6 +62,7 @@ int run_train(TrainCliOptions& o, CLI::App& cmd, Context& ctx) {
   if (cmd.count("--workers")) t.workers = o.workers;
   if (o.no_progress) t.progress_bar = false;
   if (o.no_save) t.save = false;
+  if (o.no_tensorboard) t.tensorboard = false;
   try {
     auto summary = trainer::run_training(t, ctx.out);
     return summary.interrupted ? 130 : kExitOk;
@@ -147,6 +149,17 @@ void setup_train(CLI::App& app, Context& ctx) {
   cmd->add_option("--log-every", t.log_every, "Plain log line every N steps")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_flag("--no-progress", o->no_progress, "Plain log lines even on a terminal");
+  cmd->add_flag("--no-tensorboard", o->no_tensorboard,
+                "Write no TensorBoard event file (by default events.out.tfevents.* beside metrics.jsonl holds "
+                "the same scalars: tensorboard --logdir RUN_DIR)");
+  cmd->add_option("--eval-data", t.eval_data,
+                  "Held-out packed dataset (data import --val-episodes: OUT/val): evaluation rows in metrics.jsonl, "
+                  "as vlatune eval computes them")
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--eval-every", t.eval_every, "Evaluate after every N steps (0: after the last step only)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  cmd->add_option("--eval-batches", t.eval_batches, "Batches per evaluation (0: the whole held-out set)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   cmd->add_option("--cuda-graph", o->cuda_graph,
                   "step: replay each step as one captured CUDA graph (CUDA, one process, grad_accum 1; recipe: "
                   "model_options.cuda_graph); off: eager")

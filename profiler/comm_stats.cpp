@@ -35,6 +35,7 @@ CommStats communication_from_trace(const TraceData& trace, const std::vector<Com
   std::map<int64_t, uint64_t> nccl_end, backward_end;         // per step
   std::map<int64_t, std::map<std::string, double>> group_ms;  // per step, per group
   for (const ActivityRecord& a : trace.activities) {
+    if (!is_device_activity(a.kind)) continue;  // a host API call: not device time
     const bool nccl = kernel_category(a.name, a.kind) == "communication";
     const ScopeRecord* scope_record = lookup.of(a);
     if (scope_record == nullptr) {

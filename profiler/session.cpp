@@ -24,7 +24,9 @@
 
 #ifdef VLATUNE_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime_api.h>
 #endif
+#include <unistd.h>
 
 namespace vlatune::profiler {
 
@@ -120,6 +122,7 @@ class Session {
   void recompute_ab(formats::BatchProfile& b, const Timed& base);
   std::vector<formats::GemmEntry> gemm_inventory(const std::vector<GemmShapeRecord>& shapes);
   void measure_communication(const TraceData& trace);
+  TraceMetadata trace_metadata() const;  // for trace.json.gz: this process, its GPU, the world
 
   model::Pi05Impl& model_;
   const StepDriver& driver_;
@@ -224,6 +227,9 @@ formats::BatchProfile Session::profile_batch(int64_t batch, bool first, TraceDat
   TraceData trace;
   if (tracer) {
     tracer->take(&trace);
+    const auto unix_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch());
+    trace.unix_minus_clock_ns = static_cast<int64_t>(unix_ns.count()) - static_cast<int64_t>(tracer->now_ns());
     tracer->stop();
   }
   recorder.take(&trace);
@@ -244,7 +250,7 @@ formats::BatchProfile Session::profile_batch(int64_t batch, bool first, TraceDat
   int64_t params = 0;
   for (const auto& p : model_.parameters()) params += static_cast<int64_t>(p.nbytes());
   b.memory.parameter_bytes = params;
-  b.memory.gradient_bytes = params;  // one gradient per parameter, same dtype
+  b.memory.gradient_bytes = opt_.inference ? 0 : params;  // one gradient per parameter, same dtype
   if (driver_.optimizer_state_bytes) b.memory.optimizer_bytes = driver_.optimizer_state_bytes();
   if (memory_.cuda) {
     b.memory.activation_bytes = static_cast<int64_t>(activation_sum / static_cast<double>(opt_.steps));
@@ -263,6 +269,7 @@ formats::BatchProfile Session::profile_batch(int64_t batch, bool first, TraceDat
     for (const auto& x : trace.activities)
       if (x.start_ns <= cutoff) kept.activities.push_back(x);
     kept.gemms = trace.gemms;
+    kept.unix_minus_clock_ns = trace.unix_minus_clock_ns;
     *trace_out = std::move(kept);
   }
   log_ << "profile: batch " << batch << ": step " << std::fixed << std::setprecision(1) << b.step_ms
@@ -408,6 +415,36 @@ std::vector<formats::GemmEntry> Session::gemm_inventory(const std::vector<GemmSh
   return out;
 }
 
+TraceMetadata Session::trace_metadata() const {
+  TraceMetadata meta;
+  meta.process_id = ::getpid();
+  meta.host_ops = tracer_kind_ == "cpu";
+  meta.world_size = opt_.world_size;  // only rank 0 writes the trace
+  meta.backend = memory_.cuda ? "nccl" : "gloo";
+#ifdef VLATUNE_HAVE_CUDA
+  cudaDeviceProp prop{};
+  if (memory_.cuda && cudaGetDeviceProperties(&prop, memory_.device) == cudaSuccess) {
+    DeviceProperties d;
+    d.id = memory_.device;
+    d.name = prop.name;
+    d.total_global_mem = prop.totalGlobalMem;
+    d.compute_major = prop.major;
+    d.compute_minor = prop.minor;
+    d.max_threads_per_block = prop.maxThreadsPerBlock;
+    d.max_threads_per_multiprocessor = prop.maxThreadsPerMultiProcessor;
+    d.regs_per_block = prop.regsPerBlock;
+    d.regs_per_multiprocessor = prop.regsPerMultiprocessor;
+    d.warp_size = prop.warpSize;
+    d.shared_mem_per_block = prop.sharedMemPerBlock;
+    d.shared_mem_per_multiprocessor = prop.sharedMemPerMultiprocessor;
+    d.shared_mem_per_block_optin = prop.sharedMemPerBlockOptin;
+    d.num_sms = prop.multiProcessorCount;
+    meta.devices.push_back(d);
+  }
+#endif
+  return meta;
+}
+
 formats::Profile Session::run() {
   formats::Profile p;
   p.environment = opt_.environment;
@@ -463,7 +500,7 @@ formats::Profile Session::run() {
     formats::write_profile(p, opt_.out_dir + "/profile.json");
     if (opt_.trace_steps > 0 && !trace.scopes.empty()) {
       const std::string written =
-          write_chrome_trace(chrome_trace(trace, memory_.cuda ? "GPU" : "CPU ops"), opt_.out_dir + "/trace.json.gz");
+          write_chrome_trace(chrome_trace(trace, trace_metadata()), opt_.out_dir + "/trace.json.gz");
       log_ << "profile: trace " << written << std::endl;
     }
     log_ << "profile: wrote " << opt_.out_dir << "/profile.json" << std::endl;

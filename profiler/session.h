@@ -55,6 +55,9 @@ struct ProfileOptions {
   // gradient groups in launch order (GradBuckets::groups(): name, bytes).
   int world_size = 1;
   std::vector<CommGroupInfo> comm_groups;
+  // The steps are inference calls (`vlatune profile --inference`: one sampled action chunk each): no gradients,
+  // so memory.gradient_bytes is 0.
+  bool inference = false;
 };
 
 // Runs the whole session and writes out_dir/profile.json (and the trace). Progress lines go to `log`.

@@ -40,6 +40,7 @@ class MetricsOutput : public StepOutput {
     row.skipped = r.skipped;
     writer_.append(row);
   }
+  void write_eval(const formats::EvalRow& row) override { writer_.append(row); }
 
  private:
   formats::MetricsWriter writer_;

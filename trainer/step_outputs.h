@@ -30,6 +30,8 @@ class StepOutput {
  public:
   virtual ~StepOutput() = default;
   virtual void write_step(const StepRecord& record) = 0;
+  // A held-out evaluation after the step just written (trainer/evaluate.h TrainEvaluation); metrics.jsonl keeps it.
+  virtual void write_eval(const formats::EvalRow& row) { (void)row; }
   // After the last step (also on SIGINT/SIGTERM), before the run's summary lines.
   virtual void finish() {}
 };

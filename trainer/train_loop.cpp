@@ -29,6 +29,7 @@
 #include "trainer/distributed.h"
 #include "trainer/ema.h"
 #include "trainer/environment.h"
+#include "trainer/evaluate.h"
 #include "trainer/file_util.h"
 #include "trainer/norm_stats.h"
 #include "trainer/optimizer.h"
@@ -38,6 +39,7 @@
 #include "trainer/schedule.h"
 #include "trainer/step_graph.h"
 #include "trainer/step_outputs.h"
+#include "trainer/tensorboard_log.h"
 #include "trainer/train_step.h"
 
 namespace vlatune::trainer {
@@ -98,6 +100,7 @@ struct Run {
   std::chrono::steady_clock::time_point loop_start;
   std::optional<StepWatchdog> watchdog;
   std::vector<std::unique_ptr<StepOutput>> outputs;  // rank 0
+  std::unique_ptr<TrainEvaluation> evaluation;       // --eval-data (every rank evaluates; rank 0 writes)
 };
 
 // ---- open ----
@@ -154,6 +157,9 @@ void open_outputs(Run& run) {
   run.outputs.push_back(make_metrics_output(run.settings.resuming && path_exists(metrics_path)
                                                 ? formats::MetricsWriter::resume(metrics_path, run.first_step - 1)
                                                 : formats::MetricsWriter::create(metrics_path)));
+  if (run.settings.options.tensorboard)
+    run.outputs.push_back(
+        make_tensorboard_output(run.settings.run_dir, run.first_step, run.settings.resuming, *run.log));
   const bool bar = run.settings.options.progress_bar.value_or(::isatty(STDERR_FILENO) == 1);
   run.outputs.push_back(make_log_output(*run.log, bar, run.settings.options.log_every, run.parts.device.is_cuda()));
 }
@@ -207,6 +213,7 @@ void open_run(Run& run, const TrainOptions& caller, std::ostream& caller_log) {
                               run.settings.config.decay_lr};
   if (run.settings.config.ema_decay > 0)
     run.ema = std::make_unique<Ema>(run.parts.named_params, run.settings.config.ema_decay);
+  run.evaluation = TrainEvaluation::open(caller, run.parts, *run.log);  // --eval-data: the caller's, on resume too
 
   // 6. Where to start.
   load_start(run);
@@ -469,6 +476,10 @@ TrainSummary run_training(const TrainOptions& options, std::ostream& log) {
   for (; run.step < run.settings.config.steps && !run.stop; ++run.step) {
     const StepRecord record = run_step(run);
     for (auto& output : run.outputs) output->write_step(record);
+    if (auto row = run.evaluation
+                       ? run.evaluation->after_step(run.step, run.settings.config.steps, *run.parts.net, *run.log)
+                       : std::nullopt)
+      for (auto& output : run.outputs) output->write_eval(*row);
     guard_nonfinite(run, record);
     const int64_t next = run.step + 1;
     if (run.settings.config.save && run.settings.config.checkpoint_every > 0 &&

@@ -60,6 +60,12 @@ struct TrainOptions {
   bool augment = false;
   std::optional<bool> progress_bar;  // unset: a bar when stderr is a terminal, plain lines otherwise
   int64_t log_every = 1;             // plain log line every N steps
+  bool tensorboard = true;           // TensorBoard event file beside metrics.jsonl (trainer/tensorboard_log.h)
+  // Held-out evaluation (trainer/evaluate.h TrainEvaluation; the caller's, also on --resume: it changes nothing the
+  // run computes). Empty eval_data: none; eval_every 0: after the last step only; eval_batches 0: the whole set.
+  std::string eval_data;
+  int64_t eval_every = 0;
+  int64_t eval_batches = 0;
 };
 
 inline constexpr int64_t kDefaultTimingWarmup = 3;

@@ -97,6 +97,32 @@ std::string metrics_seed(int rows) {
   return text;
 }
 
+// The current schema: training rows with held-out evaluation rows after steps 1 and 3.
+std::string metrics_seed_with_eval() {
+  std::string text = "{\"schema\":\"" + std::string(kMetricsSchema) + "\"}\n";
+  const std::string v1 = metrics_seed(4);
+  std::vector<std::string> rows;
+  for (size_t at = v1.find('\n') + 1; at < v1.size(); at = v1.find('\n', at) + 1)
+    rows.push_back(v1.substr(at, v1.find('\n', at) - at));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    text += rows[i] + "\n";
+    if (i % 2 == 1) {
+      EvalRow e;
+      e.step = static_cast<int64_t>(i);
+      e.loss = 0.3;
+      e.action_mae = i == 3 ? kNaN : 0.02;
+      e.action_rmse = 0.03;
+      e.action_mae_per_dim = {0.01, 0.03};
+      e.action_rmse_per_dim = {0.02, kNaN};
+      e.samples = 16;
+      e.batches = 2;
+      e.eval_ms = 120;
+      text += eval_row_to_json(e).dump() + "\n";
+    }
+  }
+  return text;
+}
+
 // Feeds `iterations` mutations of `seeds` to `read`; any exception but a FormatError fails, naming the iteration
 // and the input.
 void fuzz(const std::vector<std::string>& seeds, uint64_t seed, int iterations,
@@ -187,15 +213,19 @@ TEST_CASE("Fuzz: every mutated profile.json is accepted or refused with a Format
 }
 
 TEST_CASE("Fuzz: every mutated metrics.jsonl is accepted or refused with a FormatError", "[formats][fuzz]") {
-  const std::vector<std::string> seeds = {metrics_seed(6), metrics_seed(0), metrics_seed(2)};
+  const std::vector<std::string> seeds = {metrics_seed(6), metrics_seed(0), metrics_seed(2), metrics_seed_with_eval()};
   fuzz(seeds, 4, kIterations, [](const std::string& text) {
-    const std::vector<MetricsRow> rows = parse_metrics(text, "metrics.jsonl");
-    for (const auto& row : rows) {
+    const MetricsLog log = parse_metrics_log(text, "metrics.jsonl");
+    for (const auto& row : log.train) {
       if (!(parse_metrics_row(metrics_row_to_json(row), "again:1") == row))
         throw std::logic_error("metrics row does not read back equal");
     }
+    for (const auto& row : log.eval) {
+      if (!(parse_eval_row(eval_row_to_json(row), "again:1") == row))
+        throw std::logic_error("evaluation row does not read back equal");
+    }
     vlatune::reports::ReportInput in;
-    in.runs.push_back({"run", "run.json", sample_run(true), rows, std::nullopt});
+    in.runs.push_back({"run", "run.json", sample_run(true), log.train, std::nullopt, log.eval});
     vlatune::reports::render_report(in);
   });
 }

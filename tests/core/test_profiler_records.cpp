@@ -5,6 +5,7 @@
 
 #include "temp_dir.h"
 
+#include <array>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -76,9 +77,20 @@ ActivityRecord kernel(const std::string& name, uint64_t ms, uint32_t correlation
 }  // namespace
 
 TEST_CASE("CUPTI records decode from a buffer laid out as CUPTI fills it", "[profiler]") {
-  std::vector<ActivityRecord> in = {kernel("gemm_kernel", 2, 11), kernel("elementwise", 1, 12)};
+  std::vector<ActivityRecord> in = {kernel("gemm_kernel", 2, 11), kernel("elementwise", 1, 12), kernel("", 1, 11),
+                                    kernel("", 1, 13)};
+  in[0].grid = {132, 2, 1};
+  in[0].block = {384, 1, 1};
+  in[0].registers_per_thread = 168;
+  in[0].shared_memory_bytes = 65536;
   in[1].kind = ActivityKind::kMemset;
   in[1].bytes = 4096;
+  // The runtime call that launched the GEMM and a driver call (cuBLAS launches through the driver API).
+  in[2].kind = ActivityKind::kRuntime;
+  in[2].cbid = 211;  // cudaLaunchKernel_v7000
+  in[2].thread = 4321;
+  in[3].kind = ActivityKind::kDriver;
+  in[3].cbid = 307;  // cuLaunchKernel
   const std::vector<uint8_t> buffer = encode_activity_buffer_for_test(in, {{11, 5}, {12, 6}});
   if (buffer.empty()) {
     WARN("built without CUPTI: nothing to decode");
@@ -88,12 +100,23 @@ TEST_CASE("CUPTI records decode from a buffer laid out as CUPTI fills it", "[pro
   std::vector<ActivityRecord> activities;
   std::vector<CorrelationRecord> correlations;
   api->decode(buffer.data(), buffer.size(), &activities, &correlations);
-  REQUIRE(activities.size() == 2);
+  REQUIRE(activities.size() == 4);
   CHECK(activities[0].name == "gemm_kernel");
   CHECK(activities[0].end_ns == 2000000);
   CHECK(activities[0].correlation_id == 11);
+  CHECK(activities[0].grid == std::array<uint32_t, 3>{132, 2, 1});
+  CHECK(activities[0].block == std::array<uint32_t, 3>{384, 1, 1});
+  CHECK(activities[0].registers_per_thread == 168);
+  CHECK(activities[0].shared_memory_bytes == 65536);
   CHECK(activities[1].kind == ActivityKind::kMemset);
   CHECK(activities[1].bytes == 4096);
+  CHECK(activities[2].kind == ActivityKind::kRuntime);
+  CHECK(activities[2].name == "cudaLaunchKernel_v7000");
+  CHECK(activities[2].correlation_id == 11);
+  CHECK(activities[2].thread == 4321);
+  CHECK(activities[2].cbid == 211);
+  CHECK(activities[3].kind == ActivityKind::kDriver);
+  CHECK(activities[3].name == "cuLaunchKernel");
   REQUIRE(correlations.size() == 2);
   CHECK(correlations[1].correlation_id == 12);
   CHECK(correlations[1].external_id == 6);
@@ -138,8 +161,10 @@ TEST_CASE("Attribution: inclusive and self times, backward through the forward's
               // backward instance of layer.mlp, opened on an engine thread: its ancestry is the forward's
               scope(3, 1, 1, Phase::kBackward, 2), scope(4, 0, 2, Phase::kOptimizer),
               scope(5, 3, 1, Phase::kRecompute)};
-  t.activities = {kernel("sm90_gemm", 4, 1), kernel("gemm_mlp", 2, 2),   kernel("bwd", 6, 3),
-                  kernel("adamw", 1, 4),     kernel("recomputed", 3, 5), kernel("lost", 2, 99)};
+  t.activities = {kernel("sm90_gemm", 4, 1),       kernel("gemm_mlp", 2, 2),   kernel("bwd", 6, 3),
+                  kernel("adamw", 1, 4),           kernel("recomputed", 3, 5), kernel("lost", 2, 99),
+                  kernel("cudaLaunchKernel", 7, 1)};
+  t.activities.back().kind = ActivityKind::kRuntime;  // a host call: no device time, attributed to nothing
   t.correlations = {{1, 2}, {2, 2}, {3, 3}, {4, 4}, {5, 5}};
   // Kernel 1's correlation points at the mlp, so: layer.mlp forward 6 ms.
   t.correlations[0] = {1, 1};

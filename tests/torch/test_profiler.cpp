@@ -118,14 +118,17 @@ TEST_CASE("vlatune profile on the tiny model writes a readable profile and a tra
   while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) text.append(buf, n);
   ::pclose(pipe);
   const auto trace = nlohmann::json::parse(text);
-  size_t scopes = 0, tagged_ops = 0;
+  size_t scopes = 0, tagged_ops = 0, steps = 0;
   for (const auto& e : trace.at("traceEvents")) {
     if (e.value("ph", "") != "X") continue;
-    if (e.at("pid") == 1) ++scopes;
-    if (e.at("pid") == 2 && e.at("args").contains("module")) ++tagged_ops;
+    const std::string name = e.at("name");
+    if (e.at("cat") == "user_annotation") ++(name.rfind("ProfilerStep#", 0) == 0 ? steps : scopes);
+    if (e.at("cat") == "cpu_op" && e.at("args").contains("module")) ++tagged_ops;
   }
+  CHECK(steps == 1);  // --trace-steps 1 (the default)
   CHECK(scopes > 50);
   CHECK(tagged_ops > 50);
+  CHECK(trace.at("schemaVersion") == 1);
 
   // A pattern that names nothing recomputable is bad input, naming the flag.
   std::vector<std::string> bad = {
