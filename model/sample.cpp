@@ -220,12 +220,12 @@ void Sampler::encode_prefix(const Pi05Batch& raw, int64_t horizon, Cache& cache,
         k = a.k_proj(n.y);
         v = a.v_proj(n.y);
       }
-      k = apply_rope(split_heads(k, kv_heads, d), cos, sin);
+      k = kernels::apply_rope_ref(split_heads(k, kv_heads, d), cos, sin);
       v = split_heads(v, kv_heads, d);
       cache.keys[i].narrow(2, 0, p).copy_(k);
       cache.values[i].narrow(2, 0, p).copy_(v);
       if (last) break;
-      q = apply_rope(split_heads(q, heads, d), cos, sin);
+      q = kernels::apply_rope_ref(split_heads(q, heads, d), cos, sin);
       attn = a.o_proj(attention_core(q, k, v, mask, attention).transpose(1, 2).reshape({batch, p, heads * d}));
     }
     const NormOutput n2 = layer.residual_pre_ffn_norm(n.h, attn, torch::Tensor(), torch::Tensor(), path);
@@ -268,8 +268,9 @@ torch::Tensor Sampler::velocity(Cache& cache, const torch::Tensor& x, int64_t st
         k = a.k_proj(n.y);
         v = a.v_proj(n.y);
       }
-      q = apply_rope(split_heads(q, heads, d), cache.suffix_cos, cache.suffix_sin);
-      cache.keys[i].narrow(2, p, s).copy_(apply_rope(split_heads(k, kv_heads, d), cache.suffix_cos, cache.suffix_sin));
+      q = kernels::apply_rope_ref(split_heads(q, heads, d), cache.suffix_cos, cache.suffix_sin);
+      cache.keys[i].narrow(2, p, s).copy_(
+          kernels::apply_rope_ref(split_heads(k, kv_heads, d), cache.suffix_cos, cache.suffix_sin));
       cache.values[i].narrow(2, p, s).copy_(split_heads(v, kv_heads, d));
       const torch::Tensor o =
           attention_core(q, cache.keys[i], cache.values[i], cache.suffix_mask, options_.forward.attention);
