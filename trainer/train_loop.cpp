@@ -18,6 +18,7 @@
 #include "formats/json_error.h"
 #include "formats/json_io.h"
 #include "formats/metrics_jsonl.h"
+#include "formats/numbers.h"
 #include "formats/recipe.h"
 #include "formats/run_record.h"
 #include "formats/train_config.h"
@@ -68,13 +69,6 @@ class SignalScope {
   void (*old_int_)(int) = SIG_DFL;
   void (*old_term_)(int) = SIG_DFL;
 };
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // ---- Everything one run holds from open to finish. ----
 struct Run {
@@ -388,7 +382,7 @@ formats::RunRecord run_record(Run& run) {
     rec.loss.push_back(row.loss);
     rec.grad_norm.push_back(row.grad_norm);
   }
-  if (!rec.step_ms.empty()) rec.samples_per_s_median = samples_per_step / (median(rec.step_ms) / 1e3);
+  if (!rec.step_ms.empty()) rec.samples_per_s_median = samples_per_step / (formats::median(rec.step_ms) / 1e3);
   if (parts.device.is_cuda()) rec.peak_gib = peak;
   rec.environment = capture_environment(parts.device, parts.config_name, formats::recipe_hash(parts.applied.effective),
                                         run.world_size);
@@ -408,7 +402,7 @@ void log_plan_check(const Run& run, const formats::RunRecord& rec) {
         << predicted << " " << unit << " (the prediction is " << std::setprecision(1) << std::fabs(off_pct) << "% "
         << (off_pct >= 0 ? "above" : "below") << " the measurement)" << std::defaultfloat;
   };
-  versus("plan: step time", median(rec.step_ms), *predicted.step_ms, "ms");
+  versus("plan: step time", formats::median(rec.step_ms), *predicted.step_ms, "ms");
   if (predicted.peak_gib && rec.peak_gib && *rec.peak_gib > 0)
     versus("; peak memory", *rec.peak_gib, *predicted.peak_gib, "GiB");
   log << "\n";
