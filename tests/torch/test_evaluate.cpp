@@ -174,7 +174,7 @@ TEST_CASE("vlatune eval prints the evaluation twice the same, and refuses bad in
   bad[2] = tmp / "missing.safetensors";
   CHECK(run_cli(bad).code == 4);
   bad = args;
-  bad[4] = tmp.dir;  // not a dataset
+  bad[4] = tmp.path;  // not a dataset
   const auto not_dataset = run_cli(bad);
   CHECK(not_dataset.code == 4);
   CHECK_THAT(not_dataset.err, Catch::Contains("manifest.json"));

@@ -202,7 +202,7 @@ TEST_CASE(
 
   ServerProcess server({"--config", "tiny", "--device", "cpu", "--weights", tmp / "weights.safetensors", "--norm-stats",
                         tmp / "norm_stats.json", "--tokenizer", tokenizer, "--port", "0", "--max-message-mb", "0.05"},
-                       tmp.dir);
+                       tmp.path);
   const std::string script = std::string(VLATUNE_SOURCE_DIR) + "/tests/torch/openpi_client_check.py";
   const std::string command = "timeout 120 " + python + " " + script + " " + std::to_string(server.port) + " " +
                               obs_dir + " > " + (tmp / "client.json") + " 2> " + (tmp / "client.err");
@@ -285,7 +285,7 @@ TEST_CASE("vlatune serve refuses a setup it cannot serve with exit 4, naming the
   // A setup it can serve, stopped by SIGINT (Ctrl-C): exit 0, saying so.
   ServerProcess server({"--config", "tiny", "--device", "cpu", "--tokenizer", tokenizer, "--norm-stats",
                         tmp / "stats.json", "--port", "0"},
-                       tmp.dir);
+                       tmp.path);
   CHECK(server.stop(SIGINT) == 0);
   CHECK_THAT(slurp(server.err_log), Catch::Contains("stopped by SIGINT after 0 observations served, 0 refused"));
 }
