@@ -342,11 +342,14 @@ TEST_CASE("On the GPU the trace links every kernel to the call that launched it,
   TempDir dir;
   const std::vector<std::string> args = {"vlatune",       "profile", "--config",   "tiny", "--device", "cuda",
                                          "--batch",       "2",       "--warmup",   "1",    "--steps",  "2",
-                                         "--trace-steps", "2",       "--ab-steps", "0",    "--out",    dir.path};
+                                         "--trace-steps", "2",       "--ab-steps", "0",    "--data",   "synthetic",
+                                         "--out",         dir.path};
   std::vector<const char*> argv;
   for (const auto& a : args) argv.push_back(a.c_str());
   std::ostringstream out, err;
-  REQUIRE(vlatune::cli::run(static_cast<int>(argv.size()), argv.data(), out, err) == 0);
+  const int rc = vlatune::cli::run(static_cast<int>(argv.size()), argv.data(), out, err);
+  INFO(err.str());
+  REQUIRE(rc == 0);
   std::string text;
   FILE* pipe = ::popen(("gzip -dc " + dir.path + "/trace.json.gz").c_str(), "r");
   REQUIRE(pipe != nullptr);
