@@ -18,7 +18,7 @@
 #include "formats/file_io.h"
 #include "formats/json_error.h"
 #include "formats/tensorboard_events.h"
-#include "tests/core/temp_dir.h"
+#include "temp_dir.h"
 #include "tests/core/trace_readers.h"
 
 using vlatune::formats::EventFileWriter;
