@@ -1,12 +1,9 @@
 // The profiler's torch-free pieces: CUPTI record decoding on synthetic buffers, the CUPTI tracer's degraded paths with
-// a fake CUPTI, attribution (inclusive/self times, backward ancestry, unattributed kernels), and the Chrome trace
-// export.
+// a fake CUPTI, attribution (inclusive/self times, backward ancestry, unattributed kernels). The trace export:
+// tests/torch/test_profiler_trace_export.cpp.
 #include <catch2/catch.hpp>
 
-#include "temp_dir.h"
-
 #include <array>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -192,35 +189,4 @@ TEST_CASE("Attribution: inclusive and self times, backward through the forward's
   CHECK(a.kernels.front().name == "bwd");
   CHECK(kernel_category("nvjet_tst_192x192_64x4", ActivityKind::kKernel) == "gemm");
   CHECK(kernel_category("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", ActivityKind::kKernel) == "attention");
-}
-
-TEST_CASE("The Chrome trace holds scopes as ranges and kernels with their module and phase", "[profiler]") {
-  TraceData t;
-  t.names = {"layer", "layer.mlp"};
-  t.scopes = {scope(1, 0, 0, Phase::kForward), scope(2, 1, 1, Phase::kBackward)};
-  t.scopes[0].begin_ns = 1000;
-  t.scopes[0].end_ns = 5000;
-  t.scopes[1].begin_ns = 6000;
-  t.scopes[1].end_ns = 9000;
-  ActivityRecord k = kernel("gemm", 0, 7);
-  k.start_ns = 2000;
-  k.end_ns = 3000;
-  t.activities = {k};
-  t.correlations = {{7, 1}};
-  const nlohmann::json trace = chrome_trace(t, "GPU");
-  const std::string text = trace.dump();
-  CHECK(text.find("\"scopes\"") != std::string::npos);
-  CHECK(text.find("\"GPU\"") != std::string::npos);
-  int kernels = 0;
-  for (const auto& e : trace.contains("traceEvents") ? trace["traceEvents"] : trace) {
-    if (!e.is_object() || e.value("name", "") != "gemm") continue;
-    ++kernels;
-    CHECK(e["args"]["module"] == "layer");
-    CHECK(e["args"]["phase"] == "forward");
-    CHECK(e["ts"].get<double>() == Approx(1.0));  // us after the earliest record
-  }
-  CHECK(kernels == 1);
-  const vlatune::test::TempDir dir("trace");
-  const std::string written = write_chrome_trace(trace, dir.file("trace.json.gz"));
-  CHECK(std::filesystem::file_size(written) > 0);
 }
