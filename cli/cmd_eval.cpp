@@ -74,6 +74,7 @@ void setup_eval(CLI::App& app, Context& ctx) {
   auto* cmd = app.add_subcommand("eval",
                                  "Evaluate a policy on held-out data: flow-matching loss (fixed noise and time) and "
                                  "the error of sampled action chunks in real units, overall and per dim");
+  cmd->option_defaults()->always_capture_default();
   cmd->add_option("--config", opts->config, "Model size (default: full on a GPU, tiny on the CPU)")
       ->check(CLI::IsMember({"tiny", "full"}));
   cmd->add_option("--weights", opts->weights,

@@ -152,11 +152,12 @@ void setup_sample(CLI::App& app, Context& ctx) {
   auto* cmd = app.add_subcommand("sample",
                                  "Sample action chunks from a policy (prefix K/V cached, Euler steps of the "
                                  "action expert) for a batch; writes actions [B, H, 32] (and real units)");
+  cmd->option_defaults()->always_capture_default();
   cmd->add_option("--config", opts->config, "Model size (default: full on a GPU, tiny on the CPU)")
       ->check(CLI::IsMember({"tiny", "full"}));
   cmd->add_option("--weights", opts->weights,
-                  "Weights: a safetensors file (openpi or LeRobot names) or a run's final/ directory; omitted: "
-                  "random weights from --seed")
+                  "Weights: a safetensors file (openpi or LeRobot names) or a run's final/ directory (default: "
+                  "random weights from --seed)")
       ->check(file_or_directory());
   cmd->add_option("--seed", opts->seed, "Random weights seed when --weights is omitted")->check(unsigned_integer());
   cmd->add_option("--batch", opts->batch,
@@ -177,7 +178,8 @@ void setup_sample(CLI::App& app, Context& ctx) {
                   "norm_stats.json (openpi layout) to also write actions_real, un-normalized and cut to the real "
                   "action dims (default: WEIGHTS/norm_stats.json when WEIGHTS is a directory)")
       ->check(regular_file());
-  cmd->add_option("--out", opts->out, "Write actions (and actions_real, noise) to this safetensors file");
+  cmd->add_option("--out", opts->out,
+                  "Write actions (and actions_real, noise) to this safetensors file (default: only the JSON report)");
   cmd->add_option("--bench", opts->bench, "Time N more chunks: median ms per chunk and its vision/prefix/suffix split")
       ->check(CLI::Range(0, 100000));
   cmd->callback([&ctx, opts] { ctx.action = [&ctx, opts] { return run_sample(*opts, ctx); }; });

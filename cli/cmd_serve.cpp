@@ -124,10 +124,11 @@ void setup_serve(CLI::App& app, Context& ctx) {
   auto* cmd = app.add_subcommand("serve",
                                  "Serve a policy over openpi's websocket protocol (openpi-client, the LIBERO "
                                  "example): observations in, action chunks out");
+  cmd->option_defaults()->always_capture_default();
   cmd->add_option("--config", opts->config, "Model size (default: full on a GPU, tiny on the CPU)")
       ->check(CLI::IsMember({"tiny", "full"}));
   cmd->add_option("--weights", opts->weights,
-                  "Weights: a safetensors file or a run's final/ directory (omitted: random weights from --seed)")
+                  "Weights: a safetensors file or a run's final/ directory (default: random weights from --seed)")
       ->check(file_or_directory());
   cmd->add_option("--seed", opts->seed, "Random weights seed when --weights is omitted")->check(unsigned_integer());
   cmd->add_option("--norm-stats", opts->norm_stats,

@@ -126,6 +126,7 @@ void parts_options(RunSettings& run, const TrainOptions& caller) {
   }
   o.progress_bar = caller.progress_bar;
   o.log_every = caller.log_every;
+  o.tensorboard = caller.tensorboard;  // an output, not part of what the run computes
   o.config = c.config;
   o.data = c.data == "synthetic" ? c.data : formats::resolve_run_path(run.run_dir, c.data);
   o.init_weights = c.init_weights ? formats::resolve_run_path(run.run_dir, *c.init_weights) : std::string();

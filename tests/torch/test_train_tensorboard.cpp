@@ -43,6 +43,7 @@ std::vector<vlatune::formats::ScalarEvent> tagged(const vlatune::formats::EventF
 vlatune::trainer::TrainOptions tiny(const std::string& out, int64_t steps) {
   vlatune::trainer::TrainOptions o;
   o.config = "tiny";
+  o.data = "synthetic";
   o.device = "cpu";
   o.out = out;
   o.steps = steps;
