@@ -41,8 +41,8 @@ struct RecipeOverrides {
 // The run the recipe is applied to.
 struct RecipeContext {
   RecipeOverrides overrides;
-  int world_size = 1;            // processes of this run
-  bool cuda = false;             // the device is a GPU (bf16 parameters for "bf16" precision)
+  int world_size = 1;  // processes of this run
+  bool cuda = false;   // the device is a GPU (bf16 parameters for "bf16" precision)
 };
 
 struct AppliedRecipe {

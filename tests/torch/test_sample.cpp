@@ -68,12 +68,12 @@ TEST_CASE("Cached sampling equals uncached joint forwards to rounding (fp64, eve
     Attention attention;
     bool shortcuts;
   };
-  for (const Variant& v : {Variant{Kernels::kReference, Attention::kLean, true},
-                           Variant{Kernels::kReference, Attention::kMaterialized, true},
-                           Variant{Kernels::kFused, Attention::kLean, true},
-                           Variant{Kernels::kFused, Attention::kMaterialized, false}}) {
-    INFO("kernels " << static_cast<int>(v.kernels) << ", attention " << static_cast<int>(v.attention)
-                    << ", shortcuts " << v.shortcuts);
+  for (const Variant& v :
+       {Variant{Kernels::kReference, Attention::kLean, true},
+        Variant{Kernels::kReference, Attention::kMaterialized, true}, Variant{Kernels::kFused, Attention::kLean, true},
+        Variant{Kernels::kFused, Attention::kMaterialized, false}}) {
+    INFO("kernels " << static_cast<int>(v.kernels) << ", attention " << static_cast<int>(v.attention) << ", shortcuts "
+                    << v.shortcuts);
     SampleOptions o;
     o.num_steps = 3;
     o.forward.kernels = v.kernels;
