@@ -8,6 +8,20 @@
 
 namespace vlatune::trainer {
 
+formats::MetricsRow metrics_row(const StepRecord& r) {
+  formats::MetricsRow row;
+  row.step = r.step;
+  row.loss = r.loss;
+  row.grad_norm = r.grad_norm;
+  row.lr = r.lr;
+  row.samples_per_s = r.samples_per_s;
+  row.step_ms = r.step_ms;
+  row.data_wait_ms = r.data_wait_ms;
+  row.peak_gib = r.peak_gib;
+  row.skipped = r.skipped;
+  return row;
+}
+
 namespace {
 
 // "42s", "3m07s", "2h05m"; "?" when not finite or negative.
@@ -27,19 +41,7 @@ std::string format_duration(double seconds) {
 class MetricsOutput : public StepOutput {
  public:
   explicit MetricsOutput(formats::MetricsWriter writer) : writer_(std::move(writer)) {}
-  void write_step(const StepRecord& r) override {
-    formats::MetricsRow row;
-    row.step = r.step;
-    row.loss = r.loss;
-    row.grad_norm = r.grad_norm;
-    row.lr = r.lr;
-    row.samples_per_s = r.samples_per_s;
-    row.step_ms = r.step_ms;
-    row.data_wait_ms = r.data_wait_ms;
-    row.peak_gib = r.peak_gib;
-    row.skipped = r.skipped;
-    writer_.append(row);
-  }
+  void write_step(const StepRecord& r) override { writer_.append(metrics_row(r)); }
   void write_eval(const formats::EvalRow& row) override { writer_.append(row); }
 
  private:

@@ -37,6 +37,9 @@ class StepOutput {
 };
 
 // metrics.jsonl: one row per step (formats/metrics_jsonl.h), flushed as it goes.
+// The step record as a metrics.jsonl row (the fields both metrics.jsonl and the TensorBoard events carry).
+formats::MetricsRow metrics_row(const StepRecord& r);
+
 std::unique_ptr<StepOutput> make_metrics_output(formats::MetricsWriter writer);
 
 // A progress bar with rate and ETA on stderr (`bar`), else one plain line on `log` every `log_every` steps (and at the

@@ -56,19 +56,7 @@ namespace {
 class TensorBoardOutput final : public StepOutput {
  public:
   explicit TensorBoardOutput(TensorBoardLog log) : log_(std::move(log)) {}
-  void write_step(const StepRecord& r) override {
-    formats::MetricsRow row;
-    row.step = r.step;
-    row.loss = r.loss;
-    row.grad_norm = r.grad_norm;
-    row.lr = r.lr;
-    row.samples_per_s = r.samples_per_s;
-    row.step_ms = r.step_ms;
-    row.data_wait_ms = r.data_wait_ms;
-    row.peak_gib = r.peak_gib;
-    row.skipped = r.skipped;
-    log_.add(row);
-  }
+  void write_step(const StepRecord& r) override { log_.add(metrics_row(r)); }
 
  private:
   TensorBoardLog log_;
