@@ -102,7 +102,14 @@ TrainingParts build_training_parts(const TrainOptions& opt, const formats::Recip
   adam.eps = opt.eps;
   adam.weight_decay = opt.weight_decay;
   adam.precision = opt_precision;
+  adam.state_dtype = recipe.optimizer.state_dtype == formats::StateDtype::kInt8Blockwise
+                         ? OptimizerStateDtype::kInt8Blockwise
+                         : OptimizerStateDtype::kAuto;
   parts.optimizer = std::make_unique<AdamW>(parts.named_params, adam);
+  if (adam.state_dtype != OptimizerStateDtype::kAuto) {
+    log << "optimizer state: " << optimizer_state_dtype_name(adam.state_dtype) << ", "
+        << parts.optimizer->state_bytes() / 1048576 << " MiB\n";
+  }
   if (parts.dist) setup_data_parallel(parts, opt);
 
   if (opt.cuda_graph && *opt.cuda_graph != "off" && *opt.cuda_graph != "step")

@@ -5,18 +5,27 @@
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <fstream>
 #include <limits>
+#include <map>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "formats/recipe.h"
+#include "formats/run_record.h"
 #include "kernels/adamw_int8_math.h"
 #include "kernels/adamw_ops.h"
 #include "model/batch.h"
 #include "model/pi05.h"
+#include "model/safetensors_io.h"
 #include "reports/stats.h"
 #include "trainer/optimizer.h"
+#include "trainer/train_loop.h"
 
 namespace {
 
@@ -311,6 +320,65 @@ TEST_CASE("8-bit AdamW's loss curve on the tiny model tracks full-precision Adam
   INFO("Pearson " << r << ", mean relative difference " << mean_rel);
   CHECK(r >= 0.999);
   CHECK(mean_rel <= 0.01);
+}
+
+TEST_CASE("A tiny run with 8-bit AdamW state resumes bit-identical to a straight run and records the key",
+          "[optimizer][int8][train]") {
+  char templ[] = "/tmp/vlatune-int8-XXXXXX";
+  REQUIRE(::mkdtemp(templ) != nullptr);
+  const std::string dir = templ, recipe = dir + "/recipe.json";
+  std::ofstream(recipe) << R"({"schema": "vlatune.recipe/1", "optimizer": {"state_dtype": "int8-blockwise"}})";
+  auto options = [&](const std::string& out, int64_t steps) {
+    vlatune::trainer::TrainOptions o;
+    o.config = "tiny";
+    o.device = "cpu";
+    o.out = out;
+    o.recipe_path = recipe;
+    o.steps = steps;
+    o.batch = 2;
+    o.lr = 1e-3;
+    o.warmup_steps = 2;
+    o.checkpoint_every = 2;
+    o.timing_warmup = 1;
+    o.workers = 1;
+    o.progress_bar = false;
+    o.seed = 5;
+    return o;
+  };
+  std::ostringstream log;
+  vlatune::trainer::run_training(options(dir + "/straight", 4), log);
+  vlatune::trainer::run_training(options(dir + "/resumed", 2), log);
+  vlatune::trainer::TrainOptions again;
+  again.resume = dir + "/resumed";
+  again.steps = 4;
+  again.progress_bar = false;
+  CHECK(vlatune::trainer::run_training(again, log).first_step == 2);
+  INFO(log.str());
+  CHECK(log.str().find("optimizer state: int8-blockwise") != std::string::npos);
+
+  auto load_all = [](const std::string& path) {
+    auto f = vlatune::model::SafetensorsFile::open(path);
+    std::map<std::string, torch::Tensor> out;
+    for (const auto& e : f.entries()) out[e.name] = f.tensor(e.name);
+    return out;
+  };
+  int quantized = 0;
+  for (const char* file : {"final/model.safetensors", "checkpoints/step_00000004/optimizer.safetensors"}) {
+    INFO(file);
+    auto a = load_all(dir + "/straight/" + file), b = load_all(dir + "/resumed/" + file);
+    REQUIRE(a.size() == b.size());
+    for (const auto& [name, t] : a) {
+      INFO(name);
+      REQUIRE(b.count(name) == 1);
+      CHECK(torch::equal(t, b[name]));
+      if (name.rfind("exp_avg.", 0) == 0 && t.scalar_type() == torch::kUInt8) ++quantized;
+    }
+  }
+  CHECK(quantized > 0);  // the tiny model's tensors of >= kInt8StateMinNumel elements hold 8-bit moments
+  // run.json's recipe hash is the 8-bit recipe's, not the default's.
+  const auto run = vlatune::formats::read_run_record(dir + "/straight/run.json");
+  CHECK(run.environment.recipe_hash == vlatune::formats::recipe_hash(vlatune::formats::read_recipe(recipe)));
+  CHECK(run.environment.recipe_hash != vlatune::formats::recipe_hash(vlatune::formats::Recipe{}));
 }
 
 TEST_CASE("The fused CUDA 8-bit AdamW equals the CPU reference bit for bit for every storage",
