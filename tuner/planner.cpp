@@ -237,7 +237,9 @@ PlanResult plan(const formats::Profile& profile, const std::string& file, const 
   }
 
   // ---- 1. Cost model. ----
-  const CostModel m = build_cost_model(profile, file, o.recompute_candidates);
+  CostModel m = build_cost_model(profile, file, o.recompute_candidates);
+  const formats::StateDtype state_dtype = o.optimizer_state.value_or(profile.recipe.optimizer.state_dtype);
+  const double state_delta_gib = plan_optimizer_state(m, state_dtype);
   const CostModel priced = price_gemm_units(m, profile, o);  // what the recompute solver and the batch choice see
   const formats::BatchProfile& b0 = profile.batches[0];
   std::vector<Rationale> why;
@@ -295,6 +297,13 @@ PlanResult plan(const formats::Profile& profile, const std::string& file, const 
                     {"memory_factor", c.memory_factor}}});
   }
   for (const std::string& note : m.notes) why.push_back({"cost model note", note, {}});
+  if (state_dtype != profile.recipe.optimizer.state_dtype) {
+    why.push_back({std::string("optimizer state ") + formats::to_string(state_dtype),
+                   std::string("--optimizer-state: AdamW's moments ") + fmt(state_delta_gib, 2) +
+                       " GiB against the profiled " + formats::to_string(profile.recipe.optimizer.state_dtype) +
+                       " state, at every micro-batch",
+                   {{"optimizer_delta_gib", state_delta_gib}}});
+  }
 
   // ---- Communication (several GPUs). ----
   Comm comm;
@@ -321,6 +330,7 @@ PlanResult plan(const formats::Profile& profile, const std::string& file, const 
   base.rationale.clear();
   base.groups.clear();
   base.distributed.world_size = o.world_size;
+  base.optimizer.state_dtype = state_dtype;
   base.tuned_on = {profile.environment.gpu, profile.environment.torch,
                    o.profile_label.empty() ? std::optional<std::string>() : o.profile_label};
   const int grad_accum = base.batch.grad_accum;
@@ -583,6 +593,7 @@ PlanResult plan(const formats::Profile& profile, const std::string& file, const 
     if (static_cast<int>(result.candidates.size()) >= o.candidates) break;
     Recipe r = c.origin == "profiled" ? profile.recipe : make_recipe(base, m, c);
     if (c.origin == "profiled") {
+      r.optimizer = base.optimizer;
       r.rationale.clear();
       r.tuned_on = base.tuned_on;
       r.predicted = {c.prediction.step_ms, c.prediction.peak_gib, c.prediction.samples_per_s};

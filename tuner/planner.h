@@ -24,17 +24,18 @@ namespace vlatune::tuner {
 inline constexpr double kDefaultBudgetFraction = 0.95;  // of the profiled GPU's memory
 
 struct PlanOptions {
-  std::optional<double> memory_budget_gib;        // --memory-budget
-  std::optional<int64_t> batch;                   // --batch B; unset = auto
-  bool fp8_auto = false;                          // --fp8 auto (default off until the trainer has FP8)
-  std::vector<std::string> fp8_include;           // --fp8-include
-  std::vector<std::string> fp8_exclude;           // --fp8-exclude
-  double fp8_margin = 1.05;                       // --fp8-margin
-  int world_size = 1;                             // --world-size
-  std::optional<double> allreduce_gbps;           // --allreduce-gbps (else the profile's communication)
-  std::vector<std::string> recompute_candidates;  // --recompute-candidate
-  std::string profile_label;                      // tuned_on.profile
-  int candidates = 1;                             // how many ranked candidates to return (--grid N)
+  std::optional<double> memory_budget_gib;             // --memory-budget
+  std::optional<int64_t> batch;                        // --batch B; unset = auto
+  bool fp8_auto = false;                               // --fp8 auto (default off until the trainer has FP8)
+  std::vector<std::string> fp8_include;                // --fp8-include
+  std::vector<std::string> fp8_exclude;                // --fp8-exclude
+  double fp8_margin = 1.05;                            // --fp8-margin
+  int world_size = 1;                                  // --world-size
+  std::optional<double> allreduce_gbps;                // --allreduce-gbps (else the profile's communication)
+  std::vector<std::string> recompute_candidates;       // --recompute-candidate
+  std::string profile_label;                           // tuned_on.profile
+  int candidates = 1;                                  // how many ranked candidates to return (--grid N)
+  std::optional<formats::StateDtype> optimizer_state;  // --optimizer-state; unset: the profiled recipe's
 };
 
 struct RankedCandidate {
