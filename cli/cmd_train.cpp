@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "cli/cli.h"
+#include "cli/validators.h"
 #include "formats/json_error.h"
 #include "trainer/train_loop.h"
 
@@ -16,7 +17,7 @@ struct TrainCliOptions {
   trainer::TrainOptions train;
   int64_t batch = 0, grad_accum = 0, steps = 0;
   std::string precision, reduce_dtype, cuda_graph;
-  double decay_lr = 0;
+  double decay_lr = 0, max_memory_gib = 0;
   bool no_progress = false;
   bool no_save = false;
 };
@@ -30,6 +31,7 @@ int run_train(TrainCliOptions& o, CLI::App& cmd, Context& ctx) {
   if (cmd.count("--reduce-dtype")) t.reduce_dtype = o.reduce_dtype;
   if (cmd.count("--cuda-graph")) t.cuda_graph = o.cuda_graph;
   if (cmd.count("--decay-lr")) t.decay_lr = o.decay_lr;
+  if (cmd.count("--max-memory")) t.max_memory_gib = o.max_memory_gib;
   if (o.no_progress) t.progress_bar = false;
   if (o.no_save) t.save = false;
   if (!t.resume.empty() && (cmd.count("--out") || cmd.count("--config") || cmd.count("--data") ||
@@ -72,6 +74,10 @@ void setup_train(CLI::App& app, Context& ctx) {
   cmd->add_option("--init-weights", t.init_weights, "openpi/LeRobot-named safetensors to start from")
       ->check(CLI::ExistingFile);
   cmd->add_option("--device", t.device, "auto: the GPU when visible")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  cmd->add_option("--max-memory", o->max_memory_gib,
+                  "GiB: cap the CUDA caching allocator (rehearse a smaller GPU's plan; an over-budget run fails "
+                  "with the recipe's predicted peak). No effect on the CPU")
+      ->check(finite_range(0.001, 1e6));
   cmd->add_option("--precision", o->precision, "bf16 (parameters and AdamW state in bf16) or fp32-master")
       ->check(CLI::IsMember({"bf16", "fp32-master"}));
   cmd->add_option("--lr", t.lr, "Peak learning rate (default 5e-5, openpi pi05_libero)")->check(CLI::Range(0.0, 1.0));

@@ -31,6 +31,7 @@
 #include "trainer/ema.h"
 #include "trainer/environment.h"
 #include "trainer/file_util.h"
+#include "trainer/memory_cap.h"
 #include "trainer/norm_stats.h"
 #include "trainer/optimizer.h"
 #include "trainer/recipe_apply.h"
@@ -236,7 +237,15 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& call
   }
 
   // ---- 2-4. Model, recipe, data, optimizer (train_step.cpp); schedule and EMA. ----
-  TrainingParts parts = build_training_parts(opt, recipe, recipe_label, /*load_init_weights=*/!resuming, log, dist);
+  TrainingParts parts;
+  try {
+    parts = build_training_parts(opt, recipe, recipe_label, /*load_init_weights=*/!resuming, log, dist);
+  } catch (const c10::OutOfMemoryError& e) {
+    throw std::runtime_error(out_of_memory_message("setting up the model, data and optimizer state",
+                                                   opt.batch.value_or(recipe.batch.micro_batch),
+                                                   opt.grad_accum.value_or(recipe.batch.grad_accum), opt.max_memory_gib,
+                                                   recipe, recipe_label, e.what_without_backtrace()));
+  }
   const torch::Device device = parts.device;
   const bool cuda = device.is_cuda();
   const int64_t batch = parts.batch, grad_accum = parts.grad_accum;
@@ -342,9 +351,8 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& call
       outcome = run_train_step(parts, step, lr, opt.clip_norm);
     } catch (const c10::OutOfMemoryError& e) {
       if (step == first_step)
-        throw std::runtime_error("out of GPU memory in the first step at micro-batch " + std::to_string(batch) +
-                                 ": run `vlatune profile` and `vlatune plan --memory-budget GiB` to choose what to "
-                                 "recompute and which micro-batch fits, or pass a smaller --batch");
+        throw std::runtime_error(out_of_memory_message("in the first step", batch, grad_accum, opt.max_memory_gib,
+                                                       recipe, recipe_label, e.what_without_backtrace()));
       throw;
     }
     const StepResult& res = outcome.optimizer;

@@ -12,13 +12,14 @@
 namespace vlatune::trainer {
 
 struct TrainOptions {
-  std::string config = "tiny";     // model size: tiny | full
-  std::string data = "synthetic";  // dataset directory or "synthetic" (generated on the device)
-  std::string out;                 // run directory (new run)
-  std::string resume;              // run directory to continue (reads its train_config.json)
-  std::string recipe_path;         // recipe.json; flags below override its keys
-  std::string init_weights;        // openpi/LeRobot-named safetensors to start from
-  std::string device = "auto";     // auto | cpu | cuda
+  std::string config = "tiny";           // model size: tiny | full
+  std::string data = "synthetic";        // dataset directory or "synthetic" (generated on the device)
+  std::string out;                       // run directory (new run)
+  std::string resume;                    // run directory to continue (reads its train_config.json)
+  std::string recipe_path;               // recipe.json; flags below override its keys
+  std::string init_weights;              // openpi/LeRobot-named safetensors to start from
+  std::string device = "auto";           // auto | cpu | cuda
+  std::optional<double> max_memory_gib;  // --max-memory: caps the CUDA caching allocator (memory_cap.h)
   // Overridable recipe keys (unset: the recipe's value, else its default).
   std::optional<int64_t> batch;             // batch.micro_batch
   std::optional<int64_t> grad_accum;        // batch.grad_accum

@@ -3,6 +3,7 @@
 #include "model/state_dict.h"
 #include "profiler/scope.h"
 #include "trainer/environment.h"
+#include "trainer/memory_cap.h"
 #include "trainer/step_graph.h"
 
 namespace vlatune::trainer {
@@ -67,6 +68,7 @@ TrainingParts build_training_parts(const TrainOptions& opt, const formats::Recip
     throw TrainInputError(e.what());
   }
   if (parts.dist && parts.device.is_cuda()) parts.device = torch::Device(torch::kCUDA, parts.dist->env().local_rank);
+  apply_memory_cap(parts.device, opt.max_memory_gib, log);  // before the first allocation on the device
   parts.batch = opt.batch.value_or(recipe.batch.micro_batch);
   parts.grad_accum = opt.grad_accum.value_or(recipe.batch.grad_accum);
   parts.precision = opt.precision.value_or(formats::to_string(recipe.model_options.precision));
