@@ -110,7 +110,7 @@ TrainingParts build_training_parts(const TrainOptions& opt, const formats::Recip
   parts.optimizer = std::make_unique<AdamW>(parts.named_params, adam);
   if (adam.state_dtype != OptimizerStateDtype::kAuto) {
     log << "optimizer state: " << optimizer_state_dtype_name(adam.state_dtype) << ", "
-        << parts.optimizer->state_bytes() / 1048576 << " MiB\n";
+        << static_cast<double>(parts.optimizer->state_bytes()) / 1048576.0 << " MiB\n";
   }
   if (parts.dist) setup_data_parallel(parts, opt);
 
