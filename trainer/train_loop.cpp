@@ -217,6 +217,7 @@ TrainSummary run_training(const TrainOptions& caller_options, std::ostream& call
   formats::Recipe recipe;
   const std::string recipe_label = opt.recipe_path.empty() ? std::string("<default recipe>") : opt.recipe_path;
   if (!opt.recipe_path.empty()) recipe = formats::read_recipe(opt.recipe_path);  // FormatError names the path
+  drop_fp8_without_hardware(recipe, opt.device, log);
 
   // Rendezvous and process group (after the option checks, which every rank makes alike).
   std::shared_ptr<ProcessGroup> dist;

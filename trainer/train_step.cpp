@@ -1,5 +1,6 @@
 #include "trainer/train_step.h"
 
+#include "kernels/device_probe.h"
 #include "model/state_dict.h"
 #include "profiler/scope.h"
 #include "trainer/environment.h"
@@ -51,6 +52,23 @@ void setup_data_parallel(TrainingParts& parts, const TrainOptions& opt) {
 }
 
 }  // namespace
+
+void drop_fp8_without_hardware(formats::Recipe& recipe, const std::string& device, std::ostream& log) {
+  if (recipe.fp8.modules.empty()) return;
+  torch::Device d{torch::kCPU};
+  try {
+    d = resolve_device("--device", device);
+  } catch (const std::invalid_argument&) {
+    return;  // build_training_parts names the bad flag
+  }
+  if (!d.is_cuda()) return;
+  const int cc = kernels::device_compute_capability(d.has_index() ? d.index() : 0);
+  if (cc < 0 || kernels::fp8_supported(cc)) return;
+  log << "notice: this GPU (compute capability " << kernels::compute_capability_name(cc) << ") has no FP8 GEMMs ("
+      << kernels::compute_capability_name(kernels::kFp8MinComputeCapability)
+      << " or newer): the recipe's fp8.modules train in bf16\n";
+  recipe.fp8.modules.clear();
+}
 
 TrainingParts build_training_parts(const TrainOptions& opt, const formats::Recipe& recipe,
                                    const std::string& recipe_label, bool load_init_weights, std::ostream& log,
