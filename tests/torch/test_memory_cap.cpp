@@ -8,6 +8,10 @@
 #include <sstream>
 #include <string>
 
+#ifdef VLATUNE_HAVE_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
 #include "cli/cli.h"
 #include "cli_test_util.h"
 #include "formats/recipe.h"
@@ -77,6 +81,12 @@ TEST_CASE("An out-of-memory failure names the cap, the predicted peak and the pl
 TEST_CASE("Under --max-memory below what the run needs, training fails with the planner's numbers",
           "[.gpu][train][memory]") {
   REQUIRE(torch::cuda::is_available());
+#ifdef VLATUNE_HAVE_CUDA
+  // The cap stays with the process: the GPU tests after this one get the whole GPU back.
+  struct Uncap {
+    ~Uncap() { c10::cuda::CUDACachingAllocator::setMemoryFraction(1.0, 0); }
+  } uncap;
+#endif
   const std::string dir = temp_dir("maxmem");
   auto args = tiny_train(dir + "/run", "cuda");
   args.insert(args.end(), {"--max-memory", "0.002"});
