@@ -19,6 +19,9 @@ void setup_verbs(CLI::App& app, Context& ctx) {
   setup_forward(app, ctx);
   setup_model(app, ctx);
   setup_launch(app, ctx);
+  setup_sample(app, ctx);
+  setup_eval(app, ctx);
+  setup_serve(app, ctx);
 }
 
 int run(int argc, const char* const argv[], std::ostream& out, std::ostream& err) {

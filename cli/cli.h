@@ -57,6 +57,9 @@ void setup_data(CLI::App& app, Context& ctx);
 void setup_forward(CLI::App& app, Context& ctx);
 void setup_model(CLI::App& app, Context& ctx);
 void setup_launch(CLI::App& app, Context& ctx);
+void setup_sample(CLI::App& app, Context& ctx);
+void setup_eval(CLI::App& app, Context& ctx);
+void setup_serve(CLI::App& app, Context& ctx);
 
 // `vlatune --version` (environment_info.cpp: the only CLI file that asks torch and CUDA).
 std::string version_text();

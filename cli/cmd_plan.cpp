@@ -1,5 +1,6 @@
 // `vlatune plan`: profile.json -> recipe.json (recompute set, FP8 set, groups, micro-batch), explained.
 // Parses and wires only: the decisions live in tuner/planner.h, the grid files in tuner/grid.h.
+#include <unistd.h>
 #include <CLI/CLI.hpp>
 
 #include <memory>
@@ -17,6 +18,13 @@ namespace vlatune::cli {
 
 namespace {
 
+// This machine's main memory in GiB (the budget's base for a CPU profile), or nothing when the OS does not say.
+std::optional<double> host_memory_gib() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page_bytes = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page_bytes <= 0) return std::nullopt;
+  return static_cast<double>(pages) * static_cast<double>(page_bytes) / (1024.0 * 1024.0 * 1024.0);
+}
+
 struct PlanCliOptions {
   tuner::PlanOptions plan;
   std::string profile, out, batch = "auto", fp8 = "off", optimizer_state, grid_dir, compare_grid;
@@ -31,10 +39,12 @@ int run_plan(PlanCliOptions& o, CLI::App& cmd, Context& ctx) {
       ctx.out << tuner::compare_grid(o.compare_grid).text;
       return kExitOk;
     }
-    if (o.profile.empty() || o.out.empty()) throw BadInput("plan: --profile and --out are required");
+    if (o.profile.empty()) throw BadInput("plan: --profile is required");
+    if (o.out.empty() && !o.explain)
+      throw BadInput("plan: --out is required (or --explain, to print the plan without writing a recipe)");
     if (o.grid > 0 && o.grid_dir.empty()) throw BadInput("--grid: needs --grid-dir DIR for the candidate recipes");
     const std::string path = formats::profile_file(o.profile);
-    require_distinct_output("--out", o.out, {{"--profile", path}});
+    if (!o.out.empty()) require_distinct_output("--out", o.out, {{"--profile", path}});
     tuner::PlanOptions p = o.plan;
     if (cmd.count("--memory-budget")) p.memory_budget_gib = o.memory_budget_gib;
     if (cmd.count("--allreduce-gbps")) p.allreduce_gbps = o.allreduce_gbps;
@@ -53,13 +63,16 @@ int run_plan(PlanCliOptions& o, CLI::App& cmd, Context& ctx) {
           o.optimizer_state == "int8-blockwise" ? formats::StateDtype::kInt8Blockwise : formats::StateDtype::kAuto;
     p.profile_label = path;
     p.candidates = std::max(1, o.grid);
+    p.host_memory_gib = host_memory_gib();
 
     const formats::Profile profile = formats::read_profile(path);
     const tuner::PlanResult result = tuner::plan(profile, path, p);
-    formats::write_recipe(result.recipe, o.out);
+    for (const std::string& warning : result.warnings) ctx.err << "plan: warning: " << warning << "\n";
+    if (!o.out.empty()) formats::write_recipe(result.recipe, o.out);
     if (o.explain) ctx.out << tuner::format_explain(result);
-    ctx.out << "recipe: " << o.out << " (predicted " << result.predicted.step_ms << " ms, " << result.predicted.peak_gib
-            << " GiB, " << result.predicted.samples_per_s << " samples/s)\n";
+    if (!o.out.empty())
+      ctx.out << "recipe: " << o.out << " (predicted " << result.predicted.step_ms << " ms, "
+              << result.predicted.peak_gib << " GiB, " << result.predicted.samples_per_s << " samples/s)\n";
     if (o.grid > 0) {
       const std::vector<std::string> paths = tuner::write_grid(result, o.grid_dir);
       for (size_t i = 0; i < paths.size(); ++i)
@@ -85,8 +98,9 @@ void setup_plan(CLI::App& app, Context& ctx) {
   cmd->add_option("--profile", o->profile,
                   "profile.json written by `vlatune profile`, or its directory (required unless --compare-grid)")
       ->check(file_or_directory());
-  cmd->add_option("--out", o->out, "recipe.json to write (required unless --compare-grid)");
-  cmd->add_option("--memory-budget", o->memory_budget_gib, "GiB (default: profiled GPU memory - 5%)")
+  cmd->add_option("--out", o->out, "recipe.json to write (required unless --compare-grid or --explain)");
+  cmd->add_option("--memory-budget", o->memory_budget_gib,
+                  "GiB (default: profiled GPU memory - 5%; a CPU profile: this machine's memory - 5%)")
       ->default_str("")
       ->check(finite_positive());
   cmd->add_option("--batch", o->batch, "Micro-batch: a number, or 'auto' (chosen with the recompute set)");
@@ -112,7 +126,7 @@ void setup_plan(CLI::App& app, Context& ctx) {
                   "All-reduce bus bandwidth in GB/s (default: the profile's communication section)")
       ->default_str("")
       ->check(finite_positive());
-  cmd->add_flag("--explain", o->explain, "Print every decision with the figures behind it");
+  cmd->add_flag("--explain", o->explain, "Print every decision with the figures behind it (without --out: only that)");
   cmd->add_option("--grid", o->grid,
                   "Also write the plan and the next N-1 best candidates to --grid-dir (default: off)")
       ->default_str("")

@@ -7,9 +7,13 @@
 #include <optional>
 
 #include "cli/cli.h"
+#include "cli/policy_options.h"
+#include "cli/torch_options.h"
+#include "cli/validators.h"
 #include "formats/fqn_pattern.h"
 #include "formats/json_error.h"
 #include "formats/recipe.h"
+#include "model/sample.h"
 #include "profiler/session.h"
 #include "trainer/distributed.h"
 #include "trainer/environment.h"
@@ -19,8 +23,8 @@
 namespace vlatune::cli {
 
 struct ProfileOptions {
-  std::string config = "tiny";
-  std::string data = "synthetic";
+  std::string config;  // empty: full on a GPU, tiny on the CPU
+  std::string data;    // required: a dataset directory or "synthetic"
   std::string device = "auto";
   int batch = 32;
   int second_batch = 0;  // 0: batch / 2 (none when batch is 1)
@@ -37,14 +41,25 @@ struct ProfileOptions {
   uint64_t seed = 42;
   std::string dist_buckets = "groups";
   double dist_timeout_s = 600;
+  // --inference: sampled action chunks at batch 1 instead of training steps.
+  bool inference = false;
+  bool batch_given = false;
+  std::string weights;
+  std::string dtype = "auto";
+  int64_t sample_steps = 10;
+  int64_t cameras = 2;
+  int64_t text_len = 200;
+  int64_t prompt_len = 20;
+  int64_t horizon = 10;
 };
 
 static int profile(const ProfileOptions& o, std::ostream& log);
+static int profile_inference(const ProfileOptions& o, std::ostream& log);
 
 // Bad input anywhere (a recipe, a pattern, an option the trainer rejects) exits 4 with its message.
 static int run_profile(const ProfileOptions& o, std::ostream& log) {
   try {
-    return profile(o, log);
+    return o.inference ? profile_inference(o, log) : profile(o, log);
   } catch (const trainer::TrainInputError& e) {
     throw BadInput(e.what());
   } catch (const formats::FormatError& e) {
@@ -55,46 +70,28 @@ static int run_profile(const ProfileOptions& o, std::ostream& log) {
 // Under `vlatune launch --nproc N` (or torchrun/Slurm): every rank runs the same session (its steps all-reduce
 // gradients, so all ranks must run them), rank 0 alone logs and writes profile.json with the communication
 // section; the GEMM timing (no collectives) runs on rank 0 only.
-static std::shared_ptr<trainer::ProcessGroup> join_process_group(const trainer::DistEnv& env, const ProfileOptions& o,
-                                                                 std::ostream& log) {
-  if (!(o.dist_timeout_s > 0)) throw BadInput("--dist-timeout must be > 0 seconds");
-  torch::Device device{torch::kCPU};
-  try {
-    device = trainer::bind_process_device(trainer::resolve_device("--device", o.device), env);
-  } catch (const std::invalid_argument& e) {
-    throw BadInput(e.what());
-  }
-  if (device.is_cuda()) {
-    const std::string warning = trainer::set_nccl_environment();
-    if (!warning.empty()) log << "warning: " << warning << "\n";
-  }
-  return trainer::ProcessGroup::create(env, device,
-                                       std::chrono::milliseconds(static_cast<int64_t>(o.dist_timeout_s * 1000.0)));
-}
-
 static int profile(const ProfileOptions& o, std::ostream& caller_log) {
-  std::optional<trainer::DistEnv> env;
-  try {
-    env = trainer::dist_env_from_process();
-  } catch (const std::invalid_argument& e) {
-    throw BadInput(std::string("distributed launch environment: ") + e.what());
-  }
+  const std::optional<trainer::DistEnv> env = trainer::job_environment();
   const bool writer = !env || env->rank == 0;
   std::ostream null_log(nullptr);  // ranks other than 0: output discarded (errors still end the process)
   std::ostream& log = writer ? caller_log : null_log;
-  std::shared_ptr<trainer::ProcessGroup> dist = env ? join_process_group(*env, o, log) : nullptr;
+  if (o.data.empty())
+    throw BadInput(
+        "--data is required: a dataset directory (vlatune data synth|import), or --data synthetic for batches "
+        "generated on the device");
+  std::shared_ptr<trainer::ProcessGroup> dist =
+      env ? trainer::join_job(*env, o.device, o.dist_timeout_s, log) : nullptr;
   trainer::TrainOptions topt;
   topt.config = o.config;
   topt.data = o.data;
   topt.device = o.device;
-  topt.batch = o.batch;
+  topt.batch = o.batch;  // the profiled recipe is what ran
   topt.seed = o.seed;
   topt.recipe_path = o.recipe;
   topt.dist_buckets = o.dist_buckets;
   topt.dist_timeout_s = o.dist_timeout_s;
   formats::Recipe recipe;
   if (!o.recipe.empty()) recipe = formats::read_recipe(o.recipe);
-  recipe.batch.micro_batch = o.batch;  // the profiled recipe is what ran
   const std::string label = o.recipe.empty() ? std::string("<default recipe>") : o.recipe;
 
   trainer::TrainingParts parts =
@@ -122,9 +119,9 @@ static int profile(const ProfileOptions& o, std::ostream& caller_log) {
   popt.tracer = o.tracer;
   popt.out_dir = writer ? o.out : std::string();
   popt.data_label = o.data;
-  popt.recipe = recipe;
-  popt.environment =
-      trainer::capture_environment(parts.device, o.config, formats::recipe_hash(recipe), dist ? dist->size() : 1);
+  popt.recipe = parts.applied.effective;
+  popt.environment = trainer::capture_environment(
+      parts.device, parts.config_name, formats::recipe_hash(parts.applied.effective), dist ? dist->size() : 1);
   if (dist) {
     popt.world_size = dist->size();
     for (const auto& g : parts.buckets->groups()) popt.comm_groups.push_back({g.name, g.bytes});
@@ -158,7 +155,7 @@ static int profile(const ProfileOptions& o, std::ostream& caller_log) {
     return bytes;
   };
   if (writer) trainer::make_directories(o.out);
-  log << "vlatune profile: " << o.config << " Pi0.5 on " << parts.device << ", " << parts.source->describe()
+  log << "vlatune profile: " << parts.config_name << " Pi0.5 on " << parts.device << ", " << parts.source->describe()
       << ", batches";
   for (auto b : popt.batches) log << " " << b;
   log << ", recompute " << parts.applied.recompute.size() << " module(s)";
@@ -174,18 +171,82 @@ static int profile(const ProfileOptions& o, std::ostream& caller_log) {
   return kExitOk;
 }
 
+// --inference: one "step" is one action chunk (model::Sampler: the prefix pass into the K/V cache, then the Euler
+// steps of the suffix) at batch 1 on a random LIBERO-shaped observation, eagerly (attribution needs the kernels
+// launched from their modules; a replayed CUDA graph would hide them), through the same session and attribution.
+static int profile_inference(const ProfileOptions& o, std::ostream& log) {
+  if (o.batch_given) throw BadInput("--batch: an --inference profile samples one chunk at a time (batch 1)");
+  if (!o.recipe.empty() || !o.candidates.empty())
+    throw BadInput("--recipe and --recompute-candidate apply to training profiles, not --inference");
+  if (o.prompt_len > o.text_len)
+    throw BadInput("--prompt-len " + std::to_string(o.prompt_len) + " exceeds --text-len " +
+                   std::to_string(o.text_len));
+  const torch::Device device = parse_device("--device", o.device);
+  const std::string config = policy_config_name(o.config, device);
+  const auto cfg = model::Pi05Config::named(config);
+  const torch::Dtype dtype =
+      o.dtype == "auto" ? (device.is_cuda() ? torch::kBFloat16 : torch::kFloat32) : parse_dtype("--dtype", o.dtype);
+  model::Pi05 net = load_policy_model(cfg, o.weights, o.seed, device, dtype);
+  torch::Generator gen = at::detail::createCPUGenerator(o.seed);
+  model::Pi05Batch batch = model::make_random_batch(cfg, 1, /*slots=*/3, o.cameras, o.text_len, o.prompt_len,
+                                                    o.prompt_len, o.horizon, &gen, torch::kCPU);
+  for (torch::Tensor* t : model::batch_tensors(batch)) *t = t->to(device);
+  model::SampleOptions so;
+  so.num_steps = o.sample_steps;
+  model::Sampler sampler(*net, so);
+
+  profiler::StepDriver driver;
+  driver.run_step = [&](int64_t) {
+    sampler.sample(batch, batch.noise);
+    if (device.is_cuda()) torch::cuda::synchronize();
+    return 0.0;
+  };
+  driver.set_batch = [](int64_t) {};
+  profiler::ProfileOptions popt;
+  popt.batches = {1};
+  popt.warmup = o.warmup;
+  popt.timed_steps = o.timed_steps;
+  popt.steps = o.steps;
+  popt.trace_steps = o.trace_steps;
+  popt.ab_steps = 0;
+  popt.gemm_repetitions = o.gemm_reps;
+  popt.tracer = o.tracer;
+  popt.out_dir = o.out;
+  popt.inference = true;
+  popt.data_label = "inference: one action chunk per step (batch 1, " + std::to_string(o.cameras) + " cameras, " +
+                    std::to_string(o.prompt_len) + " prompt tokens padded to " + std::to_string(o.text_len) +
+                    ", horizon " + std::to_string(o.horizon) + ", " + std::to_string(o.sample_steps) + " Euler steps)";
+  formats::Recipe recipe;
+  recipe.batch.micro_batch = 1;
+  popt.recipe = recipe;
+  popt.environment = trainer::capture_environment(device, config, formats::recipe_hash(recipe), 1);
+  trainer::make_directories(o.out);
+  log << "vlatune profile --inference: " << config << " Pi0.5 on " << device << " (" << c10::toString(dtype) << "), "
+      << popt.data_label << std::endl;
+  profiler::run_profile(*net, driver, popt, log);
+  return kExitOk;
+}
+
 void setup_profile(CLI::App& app, Context& ctx) {
   auto opts = std::make_shared<ProfileOptions>();
   auto* cmd = app.add_subcommand("profile",
                                  "Profile training steps: per-module GPU time, memory, recompute "
                                  "cost and bf16/FP8 GEMM times -> DIR/profile.json");
-  cmd->add_option("--config", opts->config, "Model size")->check(CLI::IsMember({"tiny", "full"}));
-  cmd->add_option("--data", opts->data, "Dataset directory, or 'synthetic' (batches made on the GPU)");
-  cmd->add_option("--device", opts->device, "auto | cpu | cuda");
-  cmd->add_option("--batch", opts->batch, "Micro-batch size")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--second-batch", opts->second_batch,
-                  "Smaller micro-batch also profiled, for extrapolation (default: batch/2)")
-      ->check(CLI::Range(1, 1 << 20));
+  cmd->option_defaults()->always_capture_default();  // --help shows the default of every flag
+  cmd->add_option("--config", opts->config, "Model size")
+      ->check(CLI::IsMember({"tiny", "full"}))
+      ->default_str("full on a GPU, tiny on the CPU");
+  cmd->add_option("--data", opts->data,
+                  "Dataset directory (vlatune data synth|import), or 'synthetic' (batches generated on the device)")
+      ->default_str("required");
+  cmd->add_option("--device", opts->device, "auto: the GPU when visible")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  cmd->add_option("--batch", opts->batch, "Micro-batch size")
+      ->check(CLI::Range(1, 1 << 20))
+      ->each([opts](const std::string&) { opts->batch_given = true; });
+  cmd->add_option("--second-batch", opts->second_batch, "Smaller micro-batch also profiled, for extrapolation")
+      ->check(CLI::Range(1, 1 << 20))
+      ->default_str("--batch / 2");
   cmd->add_option("--steps", opts->steps, "Traced steps per batch size")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--warmup", opts->warmup, "Warm-up steps before timing")->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--timed-steps", opts->timed_steps, "Untraced timed steps (step time, tracer overhead)")
@@ -200,17 +261,33 @@ void setup_profile(CLI::App& app, Context& ctx) {
       ->check(CLI::Range(0, 1000));
   cmd->add_option("--tracer", opts->tracer, "auto | cupti | cpu | none")
       ->check(CLI::IsMember({"auto", "cupti", "cpu", "none"}));
-  cmd->add_option("--recipe", opts->recipe, "recipe.json to profile under")->check(CLI::ExistingFile);
-  cmd->add_option("--seed", opts->seed, "Seed of the weights and the synthetic data");
-  cmd->add_option("--out", opts->out, "Output directory")->required();
+  cmd->add_option("--recipe", opts->recipe, "recipe.json to profile under (--batch overrides its micro_batch)")
+      ->check(regular_file())
+      ->default_str("the default recipe");
+  cmd->add_option("--seed", opts->seed, "Seed of the weights and the synthetic data")->check(unsigned_integer());
+  cmd->add_option("--out", opts->out, "Output directory")->required()->default_str("required");
   // Data-parallel (under `vlatune launch --nproc N`): profile.json gets the communication section.
   cmd->add_option("--dist-buckets", opts->dist_buckets,
-                  "groups: all-reduce each recipe group as its backward ends (default); one: one bucket after "
-                  "backward")
+                  "groups: all-reduce each recipe group as its backward ends; one: one bucket after backward")
       ->check(CLI::IsMember({"groups", "one"}));
   cmd->add_option("--dist-timeout", opts->dist_timeout_s,
-                  "Seconds a collective or the rendezvous may take before the run fails (default 600)")
-      ->check(CLI::Range(0.1, 86400.0));
+                  "Seconds a collective or the rendezvous may take before the run fails")
+      ->check(finite_range(0.1, 86400.0));
+  // Inference: per-module time of one sampled action chunk (vision, prefix pass, the Euler steps) at batch 1.
+  cmd->add_flag("--inference", opts->inference,
+                "Profile sampling (one action chunk per step, batch 1) instead of training steps");
+  cmd->add_option("--weights", opts->weights, "--inference: weights (file or final/ directory; default: random)")
+      ->check(file_or_directory());
+  cmd->add_option("--dtype", opts->dtype, "--inference: auto (bf16 on a GPU, fp32 on the CPU), fp32 or bf16")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
+  cmd->add_option("--sample-steps", opts->sample_steps, "--inference: Euler steps per chunk")
+      ->check(CLI::Range(1, 1000));
+  cmd->add_option("--cameras", opts->cameras, "--inference: cameras of the observation (of 3 slots)")
+      ->check(CLI::Range(1, 3));
+  cmd->add_option("--text-len", opts->text_len, "--inference: padded prompt length")->check(CLI::Range(1, 4096));
+  cmd->add_option("--prompt-len", opts->prompt_len, "--inference: real prompt tokens")->check(CLI::Range(1, 4096));
+  cmd->add_option("--horizon", opts->horizon, "--inference: action chunk length (pi05_libero: 10)")
+      ->check(CLI::Range(1, 4096));
   cmd->callback([&ctx, opts] { ctx.action = [opts, &ctx] { return run_profile(*opts, ctx.err); }; });
 }
 

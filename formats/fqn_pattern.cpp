@@ -4,7 +4,6 @@
 #include <cctype>
 #include <set>
 #include <string_view>
-#include <unordered_map>
 
 #include "formats/json_error.h"
 
@@ -26,7 +25,8 @@ std::vector<std::string_view> split_dots(std::string_view s) {
   }
 }
 
-bool is_number(std::string_view s) {
+// A layer index: digits only, short enough for std::stol.
+bool is_index(std::string_view s) {
   return !s.empty() && s.size() < 10 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
@@ -35,7 +35,8 @@ bool segment_matches(std::string_view pattern_segment, std::string_view segment)
 }
 
 // Joins the first n segments.
-std::string join_prefix(const std::vector<std::string_view>& segments, size_t n) {
+template <typename Segment>
+std::string join_prefix(const std::vector<Segment>& segments, size_t n) {
   std::string out;
   for (size_t i = 0; i < n; ++i) {
     if (i) out += '.';
@@ -77,7 +78,7 @@ std::string no_match_hint(const std::vector<std::string_view>& pattern,
   if (children.empty()) {
     return " (the modules matching '" + join_prefix(pattern, k) + "' have no children)";
   }
-  if (std::all_of(children.begin(), children.end(), is_number)) {
+  if (std::all_of(children.begin(), children.end(), is_index)) {
     long lo = -1, hi = -1;
     for (auto c : children) {
       const long v = std::stol(std::string(c));
@@ -90,7 +91,7 @@ std::string no_match_hint(const std::vector<std::string_view>& pattern,
   // Indices sort numerically (2 before 10), names alphabetically, indices first.
   std::vector<std::string_view> names(children.begin(), children.end());
   std::sort(names.begin(), names.end(), [](std::string_view a, std::string_view b) {
-    const bool na = is_number(a), nb = is_number(b);
+    const bool na = is_index(a), nb = is_index(b);
     if (na != nb) return na;
     if (na) return a.size() != b.size() ? a.size() < b.size() : a < b;
     return a < b;
@@ -106,18 +107,10 @@ std::string no_match_hint(const std::vector<std::string_view>& pattern,
 }  // namespace
 
 std::string fold_indices(const std::string& fqn) {
-  std::string out;
-  size_t start = 0;
-  while (true) {
-    const size_t dot = fqn.find('.', start);
-    const std::string seg = fqn.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-    const bool numeric = !seg.empty() && seg.find_first_not_of("0123456789") == std::string::npos;
-    out += numeric ? "*" : seg;
-    if (dot == std::string::npos) break;
-    out += '.';
-    start = dot + 1;
-  }
-  return out;
+  std::vector<std::string_view> segments = split_dots(fqn);
+  for (std::string_view& seg : segments)
+    if (is_index(seg)) seg = "*";
+  return join_prefix(segments, segments.size());
 }
 
 bool fqn_matches(const std::string& pattern, const std::string& fqn) {
@@ -131,6 +124,51 @@ bool fqn_matches(const std::string& pattern, const std::string& fqn) {
     p.remove_prefix(pd + 1);
     f.remove_prefix(fd + 1);
   }
+}
+
+bool fqn_within(const std::string& inner, const std::string& outer) {
+  return inner.size() >= outer.size() && inner.compare(0, outer.size(), outer) == 0 &&
+         (inner.size() == outer.size() || inner[outer.size()] == '.');
+}
+
+bool pattern_covers(const std::string& pattern, const std::string& fqn) {
+  for (size_t end = fqn.size(); end != std::string::npos && end > 0; end = fqn.rfind('.', end - 1))
+    if (fqn_matches(pattern, fqn.substr(0, end))) return true;
+  return false;
+}
+
+std::vector<std::string> compact_patterns(const std::vector<std::string>& chosen,
+                                          const std::vector<std::string>& universe) {
+  const std::set<std::string> chosen_set(chosen.begin(), chosen.end());
+  std::set<std::string> covered, out;
+  for (const std::string& fqn : chosen_set) {
+    if (covered.count(fqn)) continue;
+    const std::vector<std::string_view> segments = split_dots(fqn);
+    bool done = false;
+    for (size_t p = 0; p < segments.size() && !done; ++p) {
+      if (!is_index(segments[p])) continue;
+      std::vector<std::string_view> pattern_segments = segments;
+      pattern_segments[p] = "*";
+      const std::string pattern = join_prefix(pattern_segments, pattern_segments.size());
+      std::vector<std::string> matched;
+      bool complete = true;
+      for (const std::string& other : universe) {
+        if (!fqn_matches(pattern, other)) continue;
+        if (!chosen_set.count(other)) complete = false;
+        matched.push_back(other);
+      }
+      if (complete && matched.size() > 1) {
+        out.insert(pattern);
+        covered.insert(matched.begin(), matched.end());
+        done = true;
+      }
+    }
+    if (!done) {
+      out.insert(fqn);
+      covered.insert(fqn);
+    }
+  }
+  return {out.begin(), out.end()};
 }
 
 void validate_pattern(const std::string& pattern, const std::string& file, const std::string& json_path) {
@@ -186,24 +224,23 @@ std::vector<std::string> resolve_patterns(const std::vector<std::string>& patter
   }
 
   std::vector<std::string> selected;
-  std::unordered_map<std::string_view, size_t> selected_at;  // fqn -> module index
+  std::vector<size_t> selected_module;  // module index of each selected FQN
+  std::set<std::string_view> seen;
   for (size_t m = 0; m < module_fqns.size(); ++m) {
-    if (matched_by[m] == kNone) continue;
-    if (selected_at.emplace(module_fqns[m], m).second) selected.push_back(module_fqns[m]);
+    if (matched_by[m] == kNone || !seen.insert(module_fqns[m]).second) continue;
+    selected.push_back(module_fqns[m]);
+    selected_module.push_back(m);
   }
 
-  // Nesting: a selected module whose dotted ancestor is also selected. Checked in module order so the first
-  // conflict a user sees is the first one in the model.
-  for (size_t m = 0; m < module_fqns.size(); ++m) {
-    if (matched_by[m] == kNone) continue;
-    const std::string_view fqn(module_fqns[m]);
-    for (size_t dot = fqn.find('.'); dot != std::string_view::npos; dot = fqn.find('.', dot + 1)) {
-      const auto outer = selected_at.find(fqn.substr(0, dot));
-      if (outer == selected_at.end()) continue;
-      const size_t inner_pattern = matched_by[m], outer_pattern = matched_by[outer->second];
+  // Nesting: a selected module inside another selected one. Checked in module order (parents come before their
+  // children), so the first conflict a user sees is the first one in the model, named with its outermost parent.
+  for (size_t i = 0; i < selected.size(); ++i) {
+    for (size_t j = 0; j < selected.size(); ++j) {
+      if (i == j || !fqn_within(selected[i], selected[j])) continue;
+      const size_t inner_pattern = matched_by[selected_module[i]], outer_pattern = matched_by[selected_module[j]];
       throw FormatError(file, path_of(std::max(inner_pattern, outer_pattern)),
-                        "selection nests '" + std::string(fqn) + "' (matched by " + path_of(inner_pattern) +
-                            ") inside '" + std::string(outer->first) + "' (matched by " + path_of(outer_pattern) +
+                        "selection nests '" + selected[i] + "' (matched by " + path_of(inner_pattern) + ") inside '" +
+                            selected[j] + "' (matched by " + path_of(outer_pattern) +
                             "); select either the module or its parts, not both");
     }
   }

@@ -27,6 +27,19 @@ std::string fold_indices(const std::string& fqn);
 // Pure and allocation-free; does not validate the pattern (an invalid one simply fails to match).
 bool fqn_matches(const std::string& pattern, const std::string& fqn);
 
+// True when `inner` is `outer` or lies inside it: `outer` is a whole-segment prefix of `inner`
+// ("a.b.c" lies inside "a.b", "a.bc" does not). The one definition of module containment.
+bool fqn_within(const std::string& inner, const std::string& outer);
+
+// True when `pattern` matches `fqn` or one of its ancestors (the pattern selects a module that holds `fqn`).
+bool pattern_covers(const std::string& pattern, const std::string& fqn);
+
+// The shortest pattern list that selects exactly `chosen` among `universe`: where every FQN that differs from a
+// chosen one only in a numeric segment is chosen too, that segment becomes `*`; otherwise the FQN is listed.
+// The result is sorted; resolving it against `universe` gives `chosen` back.
+std::vector<std::string> compact_patterns(const std::vector<std::string>& chosen,
+                                          const std::vector<std::string>& universe);
+
 // Throws FormatError(file, json_path, reason) when `pattern` breaks the rules above, e.g.
 //   recipe.json: $.recompute.modules[2]: empty segment in pattern 'a..b' (segments are separated by single dots)
 void validate_pattern(const std::string& pattern, const std::string& file, const std::string& json_path);

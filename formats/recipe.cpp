@@ -51,10 +51,17 @@ void parse_data(const JsonCursor& c, Recipe::Data& d) {
 }
 
 void parse_model_options(const JsonCursor& c, Recipe::ModelOptions& m) {
-  c.expect_object({"skip_dead", "attention", "precision", "cuda_graph"});
+  c.expect_object({"skip_dead", "attention", "attention_backend", "precision", "cuda_graph"});
   if (auto v = c.find("skip_dead")) m.skip_dead = v->get_bool();
   if (auto v = c.find("attention")) {
     m.attention = v->get_enum({"lean", "materialized"}) == "lean" ? Attention::kLean : Attention::kMaterialized;
+  }
+  if (auto v = c.find("attention_backend")) {
+    const std::string b = v->get_enum({"auto", "cudnn", "flash", "sdpa"});
+    m.attention_backend = b == "cudnn"   ? AttentionBackend::kCudnn
+                          : b == "flash" ? AttentionBackend::kFlash
+                          : b == "sdpa"  ? AttentionBackend::kSdpa
+                                         : AttentionBackend::kAuto;
   }
   if (auto v = c.find("precision")) {
     m.precision = v->get_enum({"bf16", "fp32-master"}) == "bf16" ? Precision::kBf16 : Precision::kFp32Master;
@@ -118,6 +125,19 @@ std::vector<std::string> sorted_unique(std::vector<std::string> v) {
 const char* to_string(Attention v) {
   return v == Attention::kLean ? "lean" : "materialized";
 }
+const char* to_string(AttentionBackend v) {
+  switch (v) {
+    case AttentionBackend::kCudnn:
+      return "cudnn";
+    case AttentionBackend::kFlash:
+      return "flash";
+    case AttentionBackend::kSdpa:
+      return "sdpa";
+    case AttentionBackend::kAuto:
+      break;
+  }
+  return "auto";
+}
 const char* to_string(Precision v) {
   return v == Precision::kBf16 ? "bf16" : "fp32-master";
 }
@@ -137,12 +157,12 @@ bool operator==(const Rationale& a, const Rationale& b) {
 
 bool operator==(const Recipe& a, const Recipe& b) {
   auto key = [](const Recipe& r) {
-    return std::tie(r.schema, r.model, r.batch.micro_batch, r.batch.grad_accum, r.data.num_images, r.data.trim_text,
-                    r.data.trim_multiple, r.model_options.skip_dead, r.model_options.attention,
-                    r.model_options.precision, r.model_options.cuda_graph_step, r.recompute.modules, r.fp8.scaling,
-                    r.fp8.modules, r.optimizer.state_dtype, r.distributed.world_size, r.distributed.reduce_dtype,
-                    r.tuned_on.gpu, r.tuned_on.torch, r.tuned_on.profile, r.predicted.step_ms, r.predicted.peak_gib,
-                    r.predicted.samples_per_s, r.rationale);
+    return std::tie(
+        r.schema, r.model, r.batch.micro_batch, r.batch.grad_accum, r.data.num_images, r.data.trim_text,
+        r.data.trim_multiple, r.model_options.skip_dead, r.model_options.attention, r.model_options.attention_backend,
+        r.model_options.precision, r.model_options.cuda_graph_step, r.recompute.modules, r.fp8.scaling, r.fp8.modules,
+        r.optimizer.state_dtype, r.distributed.world_size, r.distributed.reduce_dtype, r.tuned_on.gpu, r.tuned_on.torch,
+        r.tuned_on.profile, r.predicted.step_ms, r.predicted.peak_gib, r.predicted.samples_per_s, r.rationale);
   };
   if (key(a) != key(b) || a.groups.size() != b.groups.size()) return false;
   for (size_t i = 0; i < a.groups.size(); ++i) {
@@ -253,8 +273,11 @@ nlohmann::json recipe_to_json(const Recipe& r) {
         {"samples_per_s", optional_to_json(r.predicted.samples_per_s)}}},
       {"rationale", rationale},
   };
-  // Written only when on: the default recipe stays DESIGN.md's block, and its hash stays what runs stored.
+  // Written only when not the default: the default recipe stays DESIGN.md's block, and its hash stays what runs
+  // stored.
   if (r.model_options.cuda_graph_step) out["model_options"]["cuda_graph"] = "step";
+  if (r.model_options.attention_backend != AttentionBackend::kAuto)
+    out["model_options"]["attention_backend"] = to_string(r.model_options.attention_backend);
   if (r.optimizer.state_dtype != StateDtype::kAuto)
     out["optimizer"] = {{"state_dtype", to_string(r.optimizer.state_dtype)}};
   return out;
@@ -266,7 +289,11 @@ void write_recipe(const Recipe& recipe, const std::string& path) {
   write_file_atomic(path, dump_json_file(j));
 }
 
-std::string recipe_hash(const Recipe& recipe) {
+namespace {
+
+// The part of the canonical JSON that recipe_hash covers: pattern lists sorted and deduplicated, provenance and
+// prediction left out.
+nlohmann::json hashed_json(const Recipe& recipe) {
   Recipe canonical = recipe;
   canonical.recompute.modules = sorted_unique(canonical.recompute.modules);
   canonical.fp8.modules = sorted_unique(canonical.fp8.modules);
@@ -275,8 +302,65 @@ std::string recipe_hash(const Recipe& recipe) {
   j.erase("tuned_on");
   j.erase("predicted");
   j.erase("rationale");
+  return j;
+}
+
+std::string short_json(const nlohmann::json& v) {
+  std::string s = v.dump();
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+
+void json_differences(const nlohmann::json& a, const nlohmann::json& b, const std::string& path,
+                      std::vector<std::string>& out) {
+  auto member = [&path](const std::string& key) { return path.empty() ? key : path + "." + key; };
+  if (a.is_object() && b.is_object()) {
+    std::vector<std::string> keys;
+    for (const auto& item : a.items()) keys.push_back(item.key());
+    for (const auto& item : b.items())
+      if (!a.contains(item.key())) keys.push_back(item.key());
+    std::sort(keys.begin(), keys.end());
+    for (const std::string& key : keys) {
+      if (!a.contains(key)) {
+        out.push_back(member(key) + ": absent vs " + short_json(b.at(key)));
+      } else if (!b.contains(key)) {
+        out.push_back(member(key) + ": " + short_json(a.at(key)) + " vs absent");
+      } else {
+        json_differences(a.at(key), b.at(key), member(key), out);
+      }
+    }
+    return;
+  }
+  auto all_strings = [](const nlohmann::json& v) {
+    return std::all_of(v.begin(), v.end(), [](const nlohmann::json& e) { return e.is_string(); });
+  };
+  if (a.is_array() && b.is_array() && all_strings(a) && all_strings(b)) {
+    // Pattern lists: the selection is the set (recipe_hash sorts them).
+    std::string change;
+    for (const auto& e : b)
+      if (std::find(a.begin(), a.end(), e) == a.end()) change += (change.empty() ? "added " : ", ") + e.dump();
+    std::string removed;
+    for (const auto& e : a)
+      if (std::find(b.begin(), b.end(), e) == b.end()) removed += (removed.empty() ? "removed " : ", ") + e.dump();
+    if (!removed.empty()) change += (change.empty() ? "" : "; ") + removed;
+    if (!change.empty()) out.push_back(path + ": " + change);
+    return;
+  }
+  if (a.is_array() && b.is_array()) {
+    if (a.size() != b.size())
+      out.push_back(path + ": " + std::to_string(a.size()) + " vs " + std::to_string(b.size()) + " entries");
+    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+      json_differences(a[i], b[i], path + "[" + std::to_string(i) + "]", out);
+    return;
+  }
+  if (a != b) out.push_back(path + ": " + short_json(a) + " vs " + short_json(b));
+}
+
+}  // namespace
+
+std::string recipe_hash(const Recipe& recipe) {
   // nlohmann::json objects are std::map-backed, so dump() emits sorted keys: the text is canonical.
-  const std::string text = j.dump();
+  const std::string text = hashed_json(recipe).dump();
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64 offset basis
   for (unsigned char c : text) {
     h ^= c;
@@ -285,6 +369,16 @@ std::string recipe_hash(const Recipe& recipe) {
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
   return hex;
+}
+
+std::vector<std::string> recipe_differences(const Recipe& a, const Recipe& b) {
+  nlohmann::json ja = hashed_json(a), jb = hashed_json(b);
+  // recipe_to_json writes cuda_graph only when on; name it either way.
+  ja["model_options"]["cuda_graph"] = a.model_options.cuda_graph_step ? "step" : "off";
+  jb["model_options"]["cuda_graph"] = b.model_options.cuda_graph_step ? "step" : "off";
+  std::vector<std::string> out;
+  json_differences(ja, jb, "", out);
+  return out;
 }
 
 }  // namespace vlatune::formats

@@ -23,7 +23,11 @@ namespace vlatune::formats {
 inline constexpr const char* kRecipeSchema = "vlatune.recipe/1";
 
 enum class Attention { kLean, kMaterialized };  // "lean" | "materialized"
-enum class Precision { kBf16, kFp32Master };    // "bf16" | "fp32-master"
+// Which kernels run the lean joint attention on CUDA: "auto" cuDNN's padding-mask SDPA where it builds, else
+// FlashAttention-2 over variable-length sequences, else SDPA with the mask tensor; "cudnn" (or an error), "flash"
+// (FlashAttention-2 varlen), "sdpa" (the mask tensor). Elsewhere (CPU, fp32) SDPA with the mask tensor.
+enum class AttentionBackend { kAuto, kCudnn, kFlash, kSdpa };  // "auto" | "cudnn" | "flash" | "sdpa"
+enum class Precision { kBf16, kFp32Master };                   // "bf16" | "fp32-master"
 // Both are one scale per tensor. "tensorwise": current scaling (the amax of the tensor being cast);
 // "delayed": the amax history of the previous casts of that tensor (one pass; the first cast is current).
 enum class Fp8Scaling { kTensorwise, kDelayed };  // "tensorwise" | "delayed"
@@ -33,6 +37,7 @@ enum class ReduceDtype { kBf16, kFp32 };          // "bf16" | "fp32"
 enum class StateDtype { kAuto, kInt8Blockwise };  // "auto" | "int8-blockwise"
 
 const char* to_string(Attention v);
+const char* to_string(AttentionBackend v);
 const char* to_string(Precision v);
 const char* to_string(Fp8Scaling v);
 const char* to_string(ReduceDtype v);
@@ -63,6 +68,7 @@ struct Recipe {
   struct ModelOptions {
     bool skip_dead = true;  // skip computation whose result is unused (exact)
     Attention attention = Attention::kLean;
+    AttentionBackend attention_backend = AttentionBackend::kAuto;
     Precision precision = Precision::kBf16;
     // "step": each training step (forward, backward, clipping, AdamW) replays one captured CUDA graph; "off": eager.
     bool cuda_graph_step = false;
@@ -133,5 +139,11 @@ void write_recipe(const Recipe& recipe, const std::string& path);
 // group are sorted and deduplicated first (their order does not change the selection); group order is kept.
 // run.json stores it so `vlatune check` can refuse to compare runs of different recipes.
 std::string recipe_hash(const Recipe& recipe);
+
+// The keys that make two recipes' recipe_hash differ, one "path: a vs b" line each, in key order, e.g.
+//   "batch.micro_batch: 32 vs 2", "model_options.precision: \"bf16\" vs \"fp32-master\"",
+//   "fp8.modules: added \"...mlp.gate_proj\"; removed \"...o_proj\"" (pattern lists compare as sets).
+// Empty exactly when the hashes are equal; tuned_on, predicted and rationale are not compared.
+std::vector<std::string> recipe_differences(const Recipe& a, const Recipe& b);
 
 }  // namespace vlatune::formats

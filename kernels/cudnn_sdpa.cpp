@@ -8,9 +8,6 @@
 #ifdef VLATUNE_HAVE_CUDNN_FRONTEND
 #include <cudnn_frontend.h>
 
-#include <algorithm>
-#include <cmath>
-#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -19,7 +16,6 @@
 #include <vector>
 
 #include "kernels/cuda_check.h"
-#include "kernels/env_switch.h"
 #endif
 
 namespace vlatune::kernels {
@@ -80,28 +76,12 @@ Key key_of(const SdpaProblem& p, bool backward, int device) {
           p.dq_stride, p.dk_stride, p.dv_stride, p.scale,    p.padding_mask};
 }
 
+// The heuristics' first plan: timing every plan they list and keeping the fastest measured no faster in the step
+// (bench/RESULTS.md, "cuDNN attention plans, timed").
 struct Built {
   std::shared_ptr<fe::graph::Graph> graph;
   int64_t workspace = 0;
-  // Plan timing (VLATUNE_CUDNN_SDPA_TUNE=1): every plan the heuristics list is built; the first execution times
-  // them on its own inputs and keeps the fastest. plan -1: the heuristics' choice (graph->execute).
-  bool tuned = false;
-  int64_t plan = -1;
 };
-
-bool tuning_requested() {
-  static const bool on = env_switch("VLATUNE_CUDNN_SDPA_TUNE", false);
-  return on;
-}
-
-std::mutex& tuning_log_mutex() {
-  static std::mutex m;
-  return m;
-}
-std::vector<std::string>& tuning_log() {
-  static std::vector<std::string> lines;
-  return lines;
-}
 
 std::vector<int64_t> vec(const std::array<int64_t, 4>& a) {
   return {a[0], a[1], a[2], a[3]};
@@ -165,10 +145,7 @@ Built build(const SdpaProblem& p, bool backward, cudnnHandle_t handle) {
   check(p, g->build_operation_graph(handle), "build_operation_graph");
   check(p, g->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans");
   check(p, g->check_support(handle), "check_support");
-  check(p,
-        g->build_plans(handle,
-                       tuning_requested() ? fe::BuildPlanPolicy_t::ALL : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE),
-        "build_plans");
+  check(p, g->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "build_plans");
   Built built;
   built.graph = std::move(g);
   check(p, built.graph->get_workspace_size(built.workspace), "get_workspace_size");
@@ -189,81 +166,19 @@ int current_device() {
   return device;
 }
 
-// Times every built plan of `built` on this call's inputs (min of 3 runs each, after one warm-up) and keeps the
-// fastest. Runs the graph several times (its outputs are rewritten by the call that follows) and synchronizes the
-// stream: never under CUDA-graph capture (the caller checks).
-void tune(const SdpaProblem& p, bool backward, Built& built, std::unordered_map<int64_t, void*>& pack,
-          const SdpaWorkspace& workspace, cudaStream_t stream, cudnnHandle_t handle) {
-  built.tuned = true;
-  const int64_t count = built.graph->get_execution_plan_count();
-  if (count < 2) return;
-  std::vector<int64_t> ws(static_cast<size_t>(count), -1);
-  int64_t max_ws = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    int64_t bytes = 0;
-    if (built.graph->get_workspace_size_plan_at_index(i, bytes).is_good()) ws[static_cast<size_t>(i)] = bytes;
-    max_ws = std::max(max_ws, bytes);
-  }
-  void* buffer = max_ws > 0 ? workspace(static_cast<size_t>(max_ws)) : nullptr;
-  cudaEvent_t start = nullptr, stop = nullptr;
-  VLATUNE_CUDA_CHECK(cudaEventCreate(&start));
-  VLATUNE_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> ms(static_cast<size_t>(count), std::numeric_limits<float>::infinity());
-  for (int64_t i = 0; i < count; ++i) {
-    if (ws[static_cast<size_t>(i)] < 0) continue;
-    if (built.graph->execute_plan_at_index(handle, pack, buffer, i).is_bad()) continue;  // warm-up
-    for (int rep = 0; rep < 3; ++rep) {
-      VLATUNE_CUDA_CHECK(cudaEventRecord(start, stream));
-      if (built.graph->execute_plan_at_index(handle, pack, buffer, i).is_bad()) break;
-      VLATUNE_CUDA_CHECK(cudaEventRecord(stop, stream));
-      VLATUNE_CUDA_CHECK(cudaEventSynchronize(stop));
-      float t = 0.0f;
-      VLATUNE_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-      ms[static_cast<size_t>(i)] = std::min(ms[static_cast<size_t>(i)], t);
-    }
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  const int64_t best = std::min_element(ms.begin(), ms.end()) - ms.begin();
-  if (!std::isfinite(ms[static_cast<size_t>(best)])) return;  // nothing ran: keep the heuristics' choice
-  built.plan = best;
-  built.workspace = ws[static_cast<size_t>(best)];
-  std::ostringstream line;
-  line << (backward ? "backward" : "forward") << " " << describe(p) << ": " << count << " plans, ms";
-  for (float t : ms) line << " " << t;
-  line << "; plan " << best << " kept (the heuristics' first: plan 0)";
-  std::lock_guard<std::mutex> lock(tuning_log_mutex());
-  tuning_log().push_back(line.str());
-}
-
-void execute(const SdpaProblem& p, bool backward, Built& built, std::unordered_map<int64_t, void*>& pack,
+void execute(const SdpaProblem& p, Built& built, std::unordered_map<int64_t, void*>& pack,
              const SdpaWorkspace& workspace, cudaStream_t stream, int device) {
   if (!p.padding_mask) pack.erase(kSeqQ), pack.erase(kSeqKv);  // no lengths in a graph without the mask
   cudnnHandle_t handle = thread_handle(device);
   check_cudnn(cudnnSetStream(handle, stream), "cudnnSetStream");
-  if (tuning_requested() && !built.tuned) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    VLATUNE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-    if (capture == cudaStreamCaptureStatusNone) tune(p, backward, built, pack, workspace, stream, handle);
-  }
   void* ws = built.workspace > 0 ? workspace(static_cast<size_t>(built.workspace)) : nullptr;
-  if (built.plan >= 0)
-    check(p, built.graph->execute_plan_at_index(handle, pack, ws, built.plan), "execute");
-  else
-    check(p, built.graph->execute(handle, pack, ws), "execute");
+  check(p, built.graph->execute(handle, pack, ws), "execute");
 }
 
 }  // namespace
 
 bool cudnn_sdpa_compiled() {
   return true;
-}
-
-std::string cudnn_sdpa_tuning_summary() {
-  std::lock_guard<std::mutex> lock(tuning_log_mutex());
-  std::string out;
-  for (const std::string& line : tuning_log()) out += "cudnn sdpa plans: " + line + "\n";
-  return out;
 }
 
 std::string cudnn_sdpa_check(const SdpaProblem& p, int device) {
@@ -300,7 +215,7 @@ void cudnn_sdpa_forward(const SdpaProblem& p, const SdpaForwardArgs& args, const
                                           {kSeqKv, const_cast<int32_t*>(args.seq_kv)},
                                           {kO, args.o},
                                           {kStats, args.stats}};
-  execute(p, false, built, pack, workspace, stream, device);
+  execute(p, built, pack, workspace, stream, device);
 }
 
 void cudnn_sdpa_backward(const SdpaProblem& p, const SdpaBackwardArgs& args, const SdpaWorkspace& workspace,
@@ -318,17 +233,13 @@ void cudnn_sdpa_backward(const SdpaProblem& p, const SdpaBackwardArgs& args, con
                                           {kDQ, args.dq},
                                           {kDK, args.dk},
                                           {kDV, args.dv}};
-  execute(p, true, built, pack, workspace, stream, device);
+  execute(p, built, pack, workspace, stream, device);
 }
 
 #else  // no cudnn_frontend headers in this build
 
 bool cudnn_sdpa_compiled() {
   return false;
-}
-
-std::string cudnn_sdpa_tuning_summary() {
-  return "";
 }
 
 std::string cudnn_sdpa_check(const SdpaProblem&, int) {

@@ -66,11 +66,6 @@ void cudnn_sdpa_forward(const SdpaProblem& p, const SdpaForwardArgs& args, const
 void cudnn_sdpa_backward(const SdpaProblem& p, const SdpaBackwardArgs& args, const SdpaWorkspace& workspace,
                          cudaStream_t stream);
 
-// With VLATUNE_CUDNN_SDPA_TUNE=1, every plan cuDNN's heuristics list is built, and the first call of each graph
-// times them on its inputs and keeps the fastest (not under CUDA-graph capture). One line per tuned graph (the
-// times of every plan, the one kept), "" when none was tuned.
-std::string cudnn_sdpa_tuning_summary();
-
 // The problem as text, for errors and logs.
 std::string describe(const SdpaProblem& p);
 

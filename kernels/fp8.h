@@ -1,4 +1,4 @@
-// Fused FP8 quantization (issue 7): torch-free params structs and raw-pointer launchers; kernels in fp8_quant.cu,
+// Fused FP8 quantization: torch-free params structs and raw-pointer launchers; kernels in fp8_quant.cu,
 // the ATen reference and the torch entry points in fp8_ops.cpp (declared in fp8_ops.h). Design note: fp8.md.
 //
 // Tensorwise scaling: one fp32 scale per tensor, scale = fp8_max / amax (1 when amax is 0 or not finite), the
@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "kernels/fused.h"  // ActDtype, CUstream_st
+#include "kernels/act_dtype.h"
 
 namespace vlatune::kernels {
 

@@ -3,12 +3,12 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 
 #include "kernels/fp8_ops.h"
 #include "kernels/fused_ops.h"
+#include "kernels/op_support.h"
 
 #ifdef VLATUNE_HAVE_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -19,19 +19,8 @@ namespace vlatune::kernels {
 
 namespace {
 
-std::string describe(const at::Tensor& t) {
-  if (!t.defined()) return "an undefined tensor";
-  std::ostringstream os;
-  os << c10::toString(t.scalar_type()) << " " << t.sizes() << " on " << t.device();
-  return os.str();
-}
-
 [[noreturn]] void fail(const std::string& what, const at::Tensor& t) {
-  throw std::invalid_argument("fp8_quantize: " + what + ", got " + describe(t));
-}
-
-ActDtype act_dtype(const at::Tensor& t) {
-  return t.scalar_type() == at::kBFloat16 ? ActDtype::kBf16 : ActDtype::kFp32;
+  kernels::fail("fp8_quantize", what, t);
 }
 
 bool kernel_applies(const at::Tensor& x) {
@@ -97,7 +86,7 @@ void fp8_amax_into(const at::Tensor& x, const at::Tensor& amax) {
     p.count = xc.numel();
     p.x = xc.const_data_ptr();
     p.amax_out = amax.data_ptr<float>();
-    launch_fp8_amax(p, c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+    launch_fp8_amax(p, stream_of(x));
     return;
 #endif
   }
@@ -142,7 +131,7 @@ void fp8_quantize_into(const at::Tensor& x, Fp8Format format, const at::Tensor& 
   p.amax_count = static_cast<int>(amax_in.numel());
   p.amax_skip = static_cast<int>(amax_skip);
   fill_outputs(p, o);
-  launch_fp8_quantize(p, c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+  launch_fp8_quantize(p, stream_of(x));
 #endif
 }
 
@@ -183,7 +172,7 @@ void fp8_geglu_quantize_into(const at::Tensor& merged, const at::Tensor& amax_in
   p.amax_count = static_cast<int>(amax_in.numel());
   p.amax_skip = static_cast<int>(amax_skip);
   fill_outputs(p, o);
-  launch_fp8_geglu_quantize(p, c10::cuda::getCurrentCUDAStream(merged.device().index()).stream());
+  launch_fp8_geglu_quantize(p, stream_of(merged));
 #endif
 }
 
@@ -200,7 +189,7 @@ void fp8_geglu_amax_into(const at::Tensor& merged, const at::Tensor& amax) {
   p.cols = merged.size(1) / 2;
   p.x = merged.const_data_ptr();
   p.amax_out = amax.data_ptr<float>();  // no outputs: the amax pass only
-  launch_fp8_geglu_quantize(p, c10::cuda::getCurrentCUDAStream(merged.device().index()).stream());
+  launch_fp8_geglu_quantize(p, stream_of(merged));
 #endif
 }
 
@@ -266,7 +255,7 @@ void fp8_geglu_backward_quantize_into(const at::Tensor& grad, const at::Tensor& 
   if (o.act_t.defined()) p.act_t = o.act_t.data_ptr(), p.act_t_ld = o.act_t.stride(0);
   if (act_amax.defined()) p.act_amax_in = act_amax.const_data_ptr<float>();
   p.act_inv_scale_out = o.act_inv_scale.defined() ? o.act_inv_scale.data_ptr<float>() : nullptr;
-  launch_fp8_geglu_backward_quantize(p, c10::cuda::getCurrentCUDAStream(merged.device().index()).stream());
+  launch_fp8_geglu_backward_quantize(p, stream_of(merged));
 #endif
 }
 
@@ -281,7 +270,7 @@ void fp8_geglu_backward_amax_into(const at::Tensor& grad, const at::Tensor& merg
   const c10::cuda::CUDAGuard guard(merged.device());
   Fp8GegluBwdParams p = geglu_bwd_params(grad, merged, Fp8Format::kE5m2);
   p.grad_merged.amax_out = amax.data_ptr<float>();  // no outputs: the amax pass only
-  launch_fp8_geglu_backward_quantize(p, c10::cuda::getCurrentCUDAStream(merged.device().index()).stream());
+  launch_fp8_geglu_backward_quantize(p, stream_of(merged));
 #endif
 }
 

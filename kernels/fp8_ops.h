@@ -1,4 +1,4 @@
-// Torch entry points of the fused FP8 quantization (issue 7; kernels in fp8_quant.cu, contract in fp8.h, design in
+// Torch entry points of the fused FP8 quantization (kernels in fp8_quant.cu, contract in fp8.h, design in
 // fp8.md) and the FP8 GEMM. On CUDA with fp32/bf16 inputs the kernels run; elsewhere (CPU) the ATen reference of
 // the same contract (same scale, same rounding, same saturation), so the FP8 Linear runs and is tested on the CPU.
 #pragma once

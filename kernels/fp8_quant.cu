@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluB
     Pack<uint8_t, V> qg, qu, qa;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      // The geglu backward kernel's values (fused.h), rounded to T where it stores them.
+      // The geglu backward kernel's values (geglu.h), rounded to T where it stores them.
       const float x = to_float(g.v[k]), up = to_float(u.v[k]), d = to_float(dy.v[k]);
       const GeluTanhPair pair = gelu_tanh_pair(x);
       const float gelu = round_to<T>(pair.value);

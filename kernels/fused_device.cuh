@@ -1,5 +1,6 @@
-// Device helpers shared by the fused kernels (norm.cu, rope.cu, geglu.cu, fp8_quant.cu, adamw.cu): 16-byte vector
-// packs, fp32 conversion with ATen's rounding, tanh-GELU and its gradient, a block-wide sum, an NVTX range. Torch-free.
+// Device helpers shared by the fused kernels (the norms, rope_qkv.cu, geglu.cu, gelu.cu, fp8_quant.cu, adamw.cu):
+// 16-byte vector packs, fp32 conversion with ATen's rounding, tanh-GELU and its gradient, a block-wide sum, an NVTX
+// range. Torch-free.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -7,6 +8,8 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include <cstdint>
+
+#include "kernels/cuda_check.h"
 
 namespace vlatune::kernels::fused_detail {
 
@@ -104,6 +107,26 @@ struct NvtxRange {
 };
 
 // Number of SMs of the current device (cached per process; the trainer uses one device per process).
-int sm_count();
+inline int sm_count() {
+  static const int count = [] {
+    int device = 0, n = 0;
+    VLATUNE_CUDA_CHECK(cudaGetDevice(&device));
+    VLATUNE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    return n;
+  }();
+  return count;
+}
+
+// The tile choice of the streaming elementwise kernels (GeGLU, GELU): a grid-stride loop over 16-byte vectors,
+// kStreamThreads threads, at most kStreamBlocksPerSm blocks per SM resident (pure streaming: the grid only has to
+// cover the machine). SigLIP's GELU forward runs at 3.35 TB/s with it (16,384 x 4304 bf16, 0.084 ms; bench/RESULTS.md,
+// BM_fused_gelu).
+constexpr int kStreamThreads = 256;
+constexpr int kStreamBlocksPerSm = 8;
+inline int64_t stream_blocks(int64_t items) {
+  const int64_t wanted = (items + kStreamThreads - 1) / kStreamThreads;
+  const int64_t resident = static_cast<int64_t>(sm_count()) * kStreamBlocksPerSm;
+  return wanted < 1 ? 1 : wanted < resident ? wanted : resident;
+}
 
 }  // namespace vlatune::kernels::fused_detail

@@ -1,5 +1,4 @@
-// GeGLU on the merged gate+up GEMM output and SigLIP's GELU: forward and backward (math in fused.h, design in
-// fused.md).
+// GeGLU on the merged gate+up GEMM output: forward and backward (math in geglu.h, design in fused.md).
 // Torch-free: raw pointers, a stream, VLATUNE_CUDA_CHECK.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -10,29 +9,50 @@
 #include <string>
 
 #include "kernels/cuda_check.h"
-#include "kernels/fused.h"
 #include "kernels/fused_device.cuh"
+#include "kernels/geglu.h"
 
 namespace vlatune::kernels {
 
-using fused_detail::from_float;
-using fused_detail::gelu_tanh;
-using fused_detail::gelu_tanh_pair;
-using fused_detail::GeluTanhPair;
-using fused_detail::kVec;
-using fused_detail::load_pack;
-using fused_detail::NvtxRange;
-using fused_detail::Pack;
-using fused_detail::round_to;
-using fused_detail::store_pack;
-using fused_detail::to_float;
+using namespace fused_detail;
 
 namespace {
 
-// A grid-stride loop over 16-byte vectors of the output, 256 threads, at most 8 blocks per SM resident
-// (pure streaming: the grid only has to cover the machine).
-constexpr int kThreads = 256;
-constexpr int kBlocksPerSm = 8;
+// ---- Tile choices ----
+// A grid-stride loop over 16-byte vectors of the output (fused_detail::stream_blocks). The forward over power-of-two
+// rows (2048 and 512 vectors for
+// Pi0.5's backbone and expert) uses 32-bit index math with the row split by shift and mask instead of a 64-bit
+// division per vector, kUnroll vectors per thread per iteration with every load issued before the math: on the
+// H200 it takes 0.61 ms where the grid-stride kernel takes 0.65 (BM_fused_geglu); the same form of the backward
+// was slower than the grid-stride one (1.25 vs 1.15 ms), and streaming cache hints slowed both (bench/RESULTS.md,
+// 2026-12-01, GeGLU kernels).
+constexpr int kThreads = kStreamThreads;
+constexpr int kUnroll = 2;
+
+struct RowSplit {
+  uint32_t total = 0;  // vectors
+  uint32_t shift = 0;  // log2(vectors per row)
+};
+
+struct GegluTiles {
+  bool pow2 = false;  // the forward's power-of-two form
+  RowSplit split;     // with pow2
+  int64_t blocks = 0;
+};
+
+template <typename T>
+GegluTiles geglu_tiles(const GegluParams& p, bool forward) {
+  const int64_t per_row = p.features / kVec<T>;
+  const int64_t total = p.rows * per_row;
+  GegluTiles t;
+  t.pow2 = forward && per_row > 0 && total < (int64_t{1} << 31) && (per_row & (per_row - 1)) == 0;
+  if (t.pow2) {
+    t.split.total = static_cast<uint32_t>(total);
+    while ((int64_t{1} << t.split.shift) < per_row) ++t.split.shift;
+  }
+  t.blocks = stream_blocks(t.pow2 ? (total + kUnroll - 1) / kUnroll : total);
+  return t;
+}
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) geglu_fwd_kernel(const GegluParams p) {
@@ -89,18 +109,6 @@ __global__ void __launch_bounds__(kThreads) geglu_bwd_kernel(const GegluParams p
   }
 }
 
-// The forward over power-of-two rows (2048 and 512 vectors for Pi0.5's backbone and expert): 32-bit index math
-// with the row split by shift and mask instead of a 64-bit division per vector, two vectors per thread per
-// iteration with every load issued before the math. On the H200 it takes 0.61 ms where geglu_fwd_kernel takes 0.65
-// (BM_fused_geglu); the same form of the backward was slower than geglu_bwd_kernel (1.25 vs 1.15 ms), and
-// streaming cache hints slowed both (bench/RESULTS.md, 2026-12-01).
-struct RowSplit {
-  uint32_t total = 0;  // vectors
-  uint32_t shift = 0;  // log2(vectors per row)
-};
-
-constexpr int kUnroll = 2;
-
 template <typename T>
 __global__ void __launch_bounds__(kThreads) geglu_fwd_pow2_kernel(const GegluParams p, const RowSplit split) {
   constexpr int V = kVec<T>;
@@ -134,68 +142,15 @@ __global__ void __launch_bounds__(kThreads) geglu_fwd_pow2_kernel(const GegluPar
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) gelu_fwd_kernel(const GeluParams p) {
-  constexpr int V = kVec<T>;
-  const int64_t total = p.numel / V;
-  const T* x = static_cast<const T*>(p.x);
-  T* out = static_cast<T*>(p.out);
-  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const Pack<T, V> xp = load_pack(x, idx);
-    Pack<T, V> o;
-#pragma unroll
-    for (int k = 0; k < V; ++k) o.v[k] = from_float<T>(gelu_tanh(to_float(xp.v[k])));
-    store_pack(out, idx, o);
-  }
-}
-
-template <typename T>
-__global__ void __launch_bounds__(kThreads) gelu_bwd_kernel(const GeluParams p) {
-  constexpr int V = kVec<T>;
-  const int64_t total = p.numel / V;
-  const T* x = static_cast<const T*>(p.x);
-  const T* grad = static_cast<const T*>(p.grad_out);
-  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const Pack<T, V> xp = load_pack(x, idx);
-    const Pack<T, V> dy = load_pack(grad, idx);
-    Pack<T, V> dx, act;
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const float v = to_float(xp.v[k]);
-      const GeluTanhPair pair = gelu_tanh_pair(v);
-      dx.v[k] = from_float<T>(to_float(dy.v[k]) * pair.slope);
-      act.v[k] = from_float<T>(pair.value);
-    }
-    store_pack(static_cast<T*>(p.out), idx, dx);
-    if (p.act_out != nullptr) store_pack(static_cast<T*>(p.act_out), idx, act);  // may alias grad_out
-  }
-}
-
-int64_t grid_for(int64_t vectors) {
-  return std::max<int64_t>(1, std::min<int64_t>((vectors + kThreads - 1) / kThreads,
-                                                static_cast<int64_t>(fused_detail::sm_count()) * kBlocksPerSm));
-}
-
-template <typename T>
 void launch_typed(const GegluParams& p, bool forward, cudaStream_t stream) {
-  const int64_t total = p.rows * (p.features / kVec<T>);
-  const int64_t per_row = p.features / kVec<T>;
-  if (forward && per_row > 0 && total < (int64_t{1} << 31) && (per_row & (per_row - 1)) == 0) {
-    RowSplit split;
-    split.total = static_cast<uint32_t>(total);
-    while ((int64_t{1} << split.shift) < per_row) ++split.shift;
-    const int64_t blocks = std::min<int64_t>((total + kThreads * kUnroll - 1) / (kThreads * kUnroll),
-                                             static_cast<int64_t>(fused_detail::sm_count()) * kBlocksPerSm);
-    geglu_fwd_pow2_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, split);
-    return;
-  }
-  const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads,
-                                           static_cast<int64_t>(fused_detail::sm_count()) * kBlocksPerSm);
-  if (forward) {
-    geglu_fwd_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+  const GegluTiles t = geglu_tiles<T>(p, forward);
+  const auto blocks = static_cast<unsigned>(t.blocks);
+  if (t.pow2) {
+    geglu_fwd_pow2_kernel<T><<<blocks, kThreads, 0, stream>>>(p, t.split);
+  } else if (forward) {
+    geglu_fwd_kernel<T><<<blocks, kThreads, 0, stream>>>(p);
   } else {
-    geglu_bwd_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+    geglu_bwd_kernel<T><<<blocks, kThreads, 0, stream>>>(p);
   }
 }
 
@@ -214,45 +169,7 @@ void launch(const GegluParams& p, bool forward, cudaStream_t stream) {
   VLATUNE_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_gelu(const GeluParams& p, bool forward, cudaStream_t stream) {
-  const char* op = forward ? "vlatune::gelu_fwd" : "vlatune::gelu_bwd";
-  if (!gelu_supported(p.dtype, p.numel))
-    throw std::invalid_argument(std::string(op) + ": unsupported element count " + std::to_string(p.numel) +
-                                " (a multiple of 16 bytes)");
-  if (p.numel == 0) return;
-  NvtxRange range(op);
-  if (p.dtype == ActDtype::kBf16) {
-    const auto blocks = static_cast<unsigned>(grid_for(p.numel / kVec<__nv_bfloat16>));
-    if (forward) {
-      gelu_fwd_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(p);
-    } else {
-      gelu_bwd_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(p);
-    }
-  } else {
-    const auto blocks = static_cast<unsigned>(grid_for(p.numel / kVec<float>));
-    if (forward) {
-      gelu_fwd_kernel<float><<<blocks, kThreads, 0, stream>>>(p);
-    } else {
-      gelu_bwd_kernel<float><<<blocks, kThreads, 0, stream>>>(p);
-    }
-  }
-  VLATUNE_CUDA_CHECK(cudaGetLastError());
-}
-
 }  // namespace
-
-bool gelu_supported(ActDtype dtype, int64_t numel) {
-  const int vec = dtype == ActDtype::kBf16 ? 8 : 4;
-  return numel >= 0 && numel % vec == 0;
-}
-
-void launch_gelu_fwd(const GeluParams& p, CUstream_st* stream) {
-  launch_gelu(p, true, stream);
-}
-
-void launch_gelu_bwd(const GeluParams& p, CUstream_st* stream) {
-  launch_gelu(p, false, stream);
-}
 
 bool geglu_supported(ActDtype dtype, int64_t features) {
   const int vec = dtype == ActDtype::kBf16 ? 8 : 4;

@@ -1,4 +1,4 @@
-// A kernels::MergedRebuild carried by an autograd node (GeGLU+down in bf16, kernels/fused_autograd.cpp, and in FP8,
+// A kernels::MergedRebuild carried by an autograd node (GeGLU+down in bf16, kernels/geglu_autograd.cpp, and in FP8,
 // model/float8_linear.cpp): the forward keeps the rebuild's tensors instead of `merged` and its function in the
 // node's saved_data; the backward reads `merged` back, kept or rebuilt.
 #pragma once

@@ -84,9 +84,9 @@ struct QkvAttentionFn : public torch::autograd::Function<QkvAttentionFn> {
 }  // namespace
 #endif
 
-bool qkv_attention_supported(const at::Tensor& qkv, int64_t heads) {
+bool qkv_attention_supported(const at::Tensor& qkv, int64_t heads, AttentionBackend backend) {
 #ifdef VLATUNE_HAVE_CUDA
-  if (varlen_backend_setting() == "flash") return false;
+  if (backend == AttentionBackend::kFlash) return false;
   if (!cudnn_sdpa_compiled() || !qkv.defined() || !qkv.is_cuda() || qkv.scalar_type() != at::kBFloat16 ||
       qkv.dim() != 3 || !qkv.is_contiguous() || heads <= 0 || qkv.size(2) % (3 * heads) != 0)
     return false;
@@ -99,6 +99,7 @@ bool qkv_attention_supported(const at::Tensor& qkv, int64_t heads) {
 #else
   (void)qkv;
   (void)heads;
+  (void)backend;
   return false;
 #endif
 }

@@ -7,13 +7,14 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "kernels/attention_backend.h"
+
 namespace vlatune::kernels {
 
 // Whether qkv_attention runs for `qkv` [N, T, 3 W] with `heads` heads: a build with the cuDNN frontend, bf16 on
-// CUDA, contiguous, head_dim = W / heads a multiple of 8 and at most 256, VLATUNE_VARLEN_BACKEND not "flash" (a
-// value other than auto, cudnn or flash throws, as for the joint attention: varlen_backend_setting), and cuDNN builds
+// CUDA, contiguous, head_dim = W / heads a multiple of 8 and at most 256, `backend` not kFlash, and cuDNN builds
 // the shape's graphs (cudnn_sdpa_check).
-bool qkv_attention_supported(const at::Tensor& qkv, int64_t heads);
+bool qkv_attention_supported(const at::Tensor& qkv, int64_t heads, AttentionBackend backend = AttentionBackend::kAuto);
 
 // softmax(q k^T * scale) v per head -> [N, T, W]; autograd (the gradient of qkv in one tensor).
 at::Tensor qkv_attention(const at::Tensor& qkv, int64_t heads, double scale);

@@ -4,15 +4,12 @@
 
 #include <torch/torch.h>
 
-#include <cstdlib>
 #include <iostream>
 #include <mutex>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include "kernels/env_switch.h"
 
 #ifdef VLATUNE_HAVE_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -329,15 +326,16 @@ VarlenLayout suffix_queries_layout(const VarlenLayout& with_prefix_queries, cons
   return out;
 }
 
-bool varlen_attention_supported(const at::Tensor& x, int64_t head_dim) {
+bool varlen_attention_supported(const at::Tensor& x, int64_t head_dim, AttentionBackend backend) {
 #ifdef VLATUNE_HAVE_CUDA
-  if (!env_switch("VLATUNE_VARLEN_ATTENTION", true)) return false;
+  if (backend == AttentionBackend::kSdpa) return false;
   if (!x.defined() || !x.is_cuda() || (x.scalar_type() != at::kBFloat16 && x.scalar_type() != at::kHalf)) return false;
   if (head_dim <= 0 || head_dim % 8 != 0 || head_dim > 256) return false;
   return at::cuda::getDeviceProperties(x.device().index())->major >= 8;
 #else
   (void)x;
   (void)head_dim;
+  (void)backend;
   return false;
 #endif
 }
@@ -346,17 +344,8 @@ const char* to_string(VarlenBackend backend) {
   return backend == VarlenBackend::kCudnn ? "cudnn" : "flash";
 }
 
-std::string varlen_backend_setting() {
-  const char* env = std::getenv("VLATUNE_VARLEN_BACKEND");
-  const std::string wanted = env == nullptr ? "auto" : env;
-  if (wanted != "auto" && wanted != "cudnn" && wanted != "flash")
-    throw std::invalid_argument("VLATUNE_VARLEN_BACKEND='" + wanted + "': expected auto, cudnn or flash");
-  return wanted;
-}
-
-VarlenBackend choose_varlen_backend(const at::Tensor& x, const JointAttentionShape& shape) {
-  const std::string wanted = varlen_backend_setting();
-  if (wanted == "flash") return VarlenBackend::kFlash;
+VarlenBackend choose_varlen_backend(const at::Tensor& x, const JointAttentionShape& shape, AttentionBackend backend) {
+  if (backend == AttentionBackend::kFlash) return VarlenBackend::kFlash;
   std::string why;
 #ifdef VLATUNE_HAVE_CUDA
   if (!cudnn_sdpa_compiled()) {
@@ -373,7 +362,7 @@ VarlenBackend choose_varlen_backend(const at::Tensor& x, const JointAttentionSha
       if (why.empty() && prefix_queries) why = cudnn_sdpa_check(problems.prefix, device);
       if (!why.empty()) break;
     }
-    if (!why.empty() && wanted == "auto") {
+    if (!why.empty() && backend != AttentionBackend::kCudnn) {
       static std::mutex mutex;
       static std::set<std::string> reported;  // the notice once per refusal (the reason names the problem)
       std::lock_guard<std::mutex> lock(mutex);
@@ -387,7 +376,8 @@ VarlenBackend choose_varlen_backend(const at::Tensor& x, const JointAttentionSha
   why = "a build without CUDA";
 #endif
   if (why.empty()) return VarlenBackend::kCudnn;
-  if (wanted == "cudnn") throw std::runtime_error("VLATUNE_VARLEN_BACKEND=cudnn: " + why);
+  if (backend == AttentionBackend::kCudnn)
+    throw std::runtime_error("model_options.attention_backend \"cudnn\": " + why);
   return VarlenBackend::kFlash;
 }
 

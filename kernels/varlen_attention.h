@@ -36,6 +36,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "kernels/attention_backend.h"
+
 namespace vlatune::kernels {
 
 enum class VarlenBackend { kFlash, kCudnn };
@@ -68,9 +70,9 @@ VarlenLayout joint_varlen_layout(const at::Tensor& valid, int64_t prefix_len, bo
 VarlenLayout suffix_queries_layout(const VarlenLayout& with_prefix_queries, const at::Tensor& valid);
 
 // Whether varlen_attention runs for activations like `x`: a CUDA build, x on CUDA (compute capability 8.0+), bf16
-// or fp16, head_dim a multiple of 8 and at most 256, and the environment does not say VLATUNE_VARLEN_ATTENTION=0
-// (the A/B switch: the masked SDPA path instead).
-bool varlen_attention_supported(const at::Tensor& x, int64_t head_dim);
+// or fp16, head_dim a multiple of 8 and at most 256, and `backend` is not kSdpa (the masked SDPA path instead).
+bool varlen_attention_supported(const at::Tensor& x, int64_t head_dim,
+                                AttentionBackend backend = AttentionBackend::kAuto);
 
 // The joint attention's shape, for choosing a backend.
 struct JointAttentionShape {
@@ -78,14 +80,12 @@ struct JointAttentionShape {
   double scale = 1.0;
 };
 
-// VLATUNE_VARLEN_BACKEND: unset or "auto": cuDNN where this build has it, x is bf16 and cuDNN builds the shape's
-// graphs on x's device (checked once per shape; a refusal is printed once with cuDNN's reason), else
-// FlashAttention-2; "cudnn": cuDNN or an error with the reason; "flash": FlashAttention-2. `x`: any activation of
-// the model (device, dtype). Assumes varlen_attention_supported(x, shape.head_dim).
-VarlenBackend choose_varlen_backend(const at::Tensor& x, const JointAttentionShape& shape);
-// VLATUNE_VARLEN_BACKEND's value: "auto" (also when unset), "cudnn" or "flash"; another value throws
-// std::invalid_argument naming it.
-std::string varlen_backend_setting();
+// kAuto: cuDNN where this build has it, x is bf16 and cuDNN builds the shape's graphs on x's device (checked once
+// per shape; a refusal is printed once with cuDNN's reason), else FlashAttention-2; kCudnn: cuDNN or a
+// std::runtime_error with the reason; kFlash: FlashAttention-2. `x`: any activation of the model (device, dtype).
+// Assumes varlen_attention_supported(x, shape.head_dim, backend).
+VarlenBackend choose_varlen_backend(const at::Tensor& x, const JointAttentionShape& shape,
+                                    AttentionBackend backend = AttentionBackend::kAuto);
 const char* to_string(VarlenBackend backend);
 
 // q [rows_q, H, D], k and v [rows_k, Hk, D] (H a multiple of Hk), contiguous -> the output per branch, autograd:

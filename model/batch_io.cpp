@@ -26,6 +26,8 @@ class BatchReader {
     throw std::invalid_argument(path_ + ": tensor '" + name + "': " + reason);
   }
 
+  bool has(const std::string& name) const { return file_.contains(name); }
+
   torch::Tensor get(const std::string& name, int64_t dims, std::initializer_list<c10::ScalarType> dtypes) const {
     if (!file_.contains(name))
       fail(name,
@@ -57,7 +59,11 @@ class BatchReader {
 
 }  // namespace
 
-Pi05Batch read_batch(const std::string& path, const Pi05Config& cfg) {
+namespace {
+
+// read_batch and read_observation_batch: the observation tensors always; actions, noise and time required when
+// `targets` is set, else each read only when the file has it.
+Pi05Batch read_batch_file(const std::string& path, const Pi05Config& cfg, bool targets) {
   BatchReader r(path);
   const auto floats = {torch::kFloat32, torch::kBFloat16, torch::kFloat16};
   Pi05Batch b;
@@ -74,16 +80,34 @@ Pi05Batch read_batch(const std::string& path, const Pi05Config& cfg) {
     r.fail("tokens", "token ids must lie in [0, " + std::to_string(cfg.backbone.vocab) + ")");
   b.token_masks = r.mask("token_masks", 2);
   r.expect_shape("token_masks", b.token_masks, {B, L});
-  b.actions = r.get("actions", 3, floats).to(torch::kFloat32);
-  const int64_t H = b.actions.size(1);
-  r.expect_shape("actions", b.actions, {B, H, cfg.action_dim});
-  b.noise = r.get("noise", 3, floats).to(torch::kFloat32);
-  r.expect_shape("noise", b.noise, {B, H, cfg.action_dim});
-  b.time = r.get("time", 1, floats).to(torch::kFloat32);
-  r.expect_shape("time", b.time, {B});
-  if (b.time.numel() > 0 && (b.time.min().item<float>() < 0.f || b.time.max().item<float>() > 1.f))
-    r.fail("time", "flow-matching time must lie in [0, 1]");
+  int64_t H = -1;  // from the first of actions / noise present
+  if (targets || r.has("actions")) {
+    b.actions = r.get("actions", 3, floats).to(torch::kFloat32);
+    H = b.actions.size(1);
+    r.expect_shape("actions", b.actions, {B, H, cfg.action_dim});
+  }
+  if (targets || r.has("noise")) {
+    b.noise = r.get("noise", 3, floats).to(torch::kFloat32);
+    if (H < 0) H = b.noise.size(1);
+    r.expect_shape("noise", b.noise, {B, H, cfg.action_dim});
+  }
+  if (targets || r.has("time")) {
+    b.time = r.get("time", 1, floats).to(torch::kFloat32);
+    r.expect_shape("time", b.time, {B});
+    if (b.time.numel() > 0 && (b.time.min().item<float>() < 0.f || b.time.max().item<float>() > 1.f))
+      r.fail("time", "flow-matching time must lie in [0, 1]");
+  }
   return b;
+}
+
+}  // namespace
+
+Pi05Batch read_batch(const std::string& path, const Pi05Config& cfg) {
+  return read_batch_file(path, cfg, /*targets=*/true);
+}
+
+Pi05Batch read_observation_batch(const std::string& path, const Pi05Config& cfg) {
+  return read_batch_file(path, cfg, /*targets=*/false);
 }
 
 void write_batch(const std::string& path, const Pi05Batch& batch) {

@@ -17,6 +17,11 @@ namespace vlatune::model {
 // Floats come back as fp32, masks as bool, tokens as int64, on the CPU.
 Pi05Batch read_batch(const std::string& path, const Pi05Config& cfg);
 
+// The observation part of a batch file, for sampling: images, image_masks, tokens and token_masks checked as
+// read_batch checks them; noise (and actions, time) only when the file has them (undefined otherwise), checked
+// the same way when present.
+Pi05Batch read_observation_batch(const std::string& path, const Pi05Config& cfg);
+
 // Writes `batch` (floats as F32, masks as BOOL, tokens as I64) atomically.
 void write_batch(const std::string& path, const Pi05Batch& batch);
 

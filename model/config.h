@@ -8,6 +8,8 @@
 
 #include <c10/core/ScalarType.h>
 
+#include "kernels/attention_backend.h"
+
 namespace vlatune::model {
 
 // SigLIP tower. Tokens per image = (image / patch)^2.
@@ -61,6 +63,8 @@ struct ForwardOptions {
   // MLP, final prefix norm): none of it reaches the loss. Call Pi05Impl::fill_missing_grads() after backward.
   bool skip_dead = true;
   Attention attention = Attention::kLean;
+  // The kernels of the lean attention on CUDA (the recipe's model_options.attention_backend).
+  kernels::AttentionBackend attention_backend = kernels::AttentionBackend::kAuto;
   Kernels kernels = Kernels::kAuto;
   // The loss averages (v - u)^2 over B, H and the first loss_action_dim action dims (openpi: all 32).
   int64_t loss_action_dim = 32;
@@ -68,10 +72,6 @@ struct ForwardOptions {
   // precision (every Linear casts its weight to the input's dtype). Norm statistics, RoPE, softmax, the time
   // embedding and the velocity head run in fp32 (fp64 when the activations are fp64).
   std::optional<c10::ScalarType> compute_dtype;
-  // Fused path: the expert's adaRMS modulations from one GEMM (GemmaModelImpl::merged_modulations). That GEMM runs
-  // before the first joint layer, so its backward, which yields every layer's adaRMS weight gradients, runs last:
-  // the trainer turns it off when gradients are reduced per group during backward (data-parallel overlap).
-  bool merge_modulations = true;
   // Debug: return the prefix hidden state entering every joint layer (and leaving the last one, unless the
   // last layer's prefix work is skipped) in Output::prefix_states.
   bool keep_prefix_states = false;

@@ -1,4 +1,4 @@
-// FP8 Linear (issue 7; design note kernels/fp8.md): y = x W^T through three FP8 GEMMs (at::_scaled_mm), tensorwise
+// FP8 Linear (design note kernels/fp8.md): y = x W^T through three FP8 GEMMs (at::_scaled_mm), tensorwise
 // scales, e4m3 for activations and weights, e5m2 for the output gradient, output in x's dtype (bf16).
 //
 //   forward   x -> x_q (row-major, for y) + x_q^T (saved, for dW) in one pass; W -> W_q (row-major);

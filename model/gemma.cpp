@@ -1,6 +1,5 @@
 #include "model/gemma.h"
 
-#include "kernels/env_switch.h"
 #include "model/float8_linear.h"
 #include "model/recompute.h"
 #include "profiler/scope.h"
@@ -42,8 +41,9 @@ GemmaMLPImpl::GemmaMLPImpl(const GemmaConfig& cfg, torch::TensorOptions options)
   down_proj = register_module("down_proj", Linear(cfg.mlp, cfg.width, false, options));
 }
 
-torch::Tensor GemmaMLPImpl::forward(const torch::Tensor& x, bool recompute_gate_up) {
+torch::Tensor GemmaMLPImpl::forward(const torch::Tensor& x, bool recompute_gate_up, bool fused) {
   profiler::Scope scope(fqn());
+  if (fused) return forward_merged(x, recompute_gate_up);
   if (!recompute_gate_up) return down_proj(gelu_tanh(gate_proj(x)) * up_proj(x));
   // The unit `mlp.gate_proj+up_proj` on the reference path: the two projections as one checkpointed call (they
   // are re-run in backward; the elementwise ops after them still keep their inputs, so this path saves no memory:
@@ -57,8 +57,7 @@ torch::Tensor GemmaMLPImpl::forward(const torch::Tensor& x, bool recompute_gate_
   return down_proj(gelu_tanh(gate_up[0]) * gate_up[1]);
 }
 
-torch::Tensor GemmaMLPImpl::forward_fused(const torch::Tensor& x, bool recompute_gate_up) {
-  profiler::Scope scope(fqn());
+torch::Tensor GemmaMLPImpl::forward_merged(const torch::Tensor& x, bool recompute_gate_up) {
   if (profiler::scopes_enabled()) {
     const int64_t rows = x.numel() / x.size(-1);
     profiler::note_gemm({&gate_proj->fqn(), &up_proj->fqn()}, rows, x.size(-1), 2 * gate_proj->weight.size(0));
@@ -100,40 +99,24 @@ GemmaDecoderLayerImpl::GemmaDecoderLayerImpl(const GemmaConfig& cfg, bool adapti
   }
 }
 
-NormOutput GemmaDecoderLayerImpl::pre_attention_norm(const torch::Tensor& x, const torch::Tensor& cond) {
+NormOutput GemmaDecoderLayerImpl::pre_attention_norm(const torch::Tensor& x, const torch::Tensor& cond,
+                                                     kernels::OpPath path) {
   if (input_ada) {
-    auto out = input_ada->forward(x, cond);
-    return {out.y, out.gate, x};
-  }
-  return {input_rms(x), torch::Tensor(), x};
-}
-
-NormOutput GemmaDecoderLayerImpl::pre_ffn_norm(const torch::Tensor& x, const torch::Tensor& cond) {
-  if (post_attention_ada) {
-    auto out = post_attention_ada->forward(x, cond);
-    return {out.y, out.gate, x};
-  }
-  return {post_attention_rms(x), torch::Tensor(), x};
-}
-
-NormOutput GemmaDecoderLayerImpl::pre_attention_norm_fused(const torch::Tensor& x, const torch::Tensor& cond,
-                                                           const torch::Tensor& modulation) {
-  if (input_ada) {
-    auto out = input_ada->forward_fused(x, cond, torch::Tensor(), torch::Tensor(), modulation);
+    auto out = input_ada->forward(x, cond, torch::Tensor(), torch::Tensor(), path);
     return {out.y, out.gate, out.h};
   }
-  auto out = input_rms->forward_fused(x, torch::Tensor());
+  auto out = input_rms->forward(x, torch::Tensor(), path);
   return {out.y, torch::Tensor(), out.h};
 }
 
-NormOutput GemmaDecoderLayerImpl::residual_pre_ffn_norm_fused(const torch::Tensor& x, const torch::Tensor& attn,
-                                                              const torch::Tensor& attn_gate, const torch::Tensor& cond,
-                                                              const torch::Tensor& modulation) {
+NormOutput GemmaDecoderLayerImpl::residual_pre_ffn_norm(const torch::Tensor& x, const torch::Tensor& attn,
+                                                        const torch::Tensor& attn_gate, const torch::Tensor& cond,
+                                                        kernels::OpPath path) {
   if (post_attention_ada) {
-    auto out = post_attention_ada->forward_fused(x, cond, attn, attn_gate, modulation);
+    auto out = post_attention_ada->forward(x, cond, attn, attn_gate, path);
     return {out.y, out.gate, out.h};
   }
-  auto out = post_attention_rms->forward_fused(x, attn);
+  auto out = post_attention_rms->forward(x, attn, path);
   return {out.y, torch::Tensor(), out.h};
 }
 
@@ -151,60 +134,13 @@ GemmaModelImpl::GemmaModelImpl(const GemmaConfig& cfg, bool adaptive, int64_t co
   }
 }
 
-NormOutput GemmaModelImpl::final_norm(const torch::Tensor& x, const torch::Tensor& cond, bool fused,
-                                      const torch::Tensor& modulation) {
-  if (fused) {
-    if (norm_ada) {
-      auto out = norm_ada->forward_fused(x, cond, torch::Tensor(), torch::Tensor(), modulation);
-      return {out.y, out.gate, out.h};
-    }
-    auto out = norm_rms->forward_fused(x, torch::Tensor());
-    return {out.y, torch::Tensor(), out.h};
-  }
+NormOutput GemmaModelImpl::final_norm(const torch::Tensor& x, const torch::Tensor& cond, kernels::OpPath path) {
   if (norm_ada) {
-    auto out = norm_ada->forward(x, cond);
-    return {out.y, out.gate, x};
+    auto out = norm_ada->forward(x, cond, torch::Tensor(), torch::Tensor(), path);
+    return {out.y, out.gate, out.h};
   }
-  return {norm_rms(x), torch::Tensor(), x};
-}
-
-std::vector<const LinearImpl*> GemmaModelImpl::modulation_linears() const {
-  std::vector<const LinearImpl*> out;
-  if (!norm_ada) return out;
-  for (const auto& layer : layers) {
-    out.push_back(layer->input_ada->dense.get());
-    out.push_back(layer->post_attention_ada->dense.get());
-  }
-  out.push_back(norm_ada->dense.get());
-  return out;
-}
-
-std::vector<torch::Tensor> GemmaModelImpl::merged_modulations(const torch::Tensor& cond) {
-  static const bool enabled = kernels::env_switch("VLATUNE_MERGED_MODULATION", true);
-  const std::vector<const LinearImpl*> linears = modulation_linears();
-  if (!enabled || linears.empty()) return {};
-  std::vector<torch::Tensor> weights, biases;
-  std::vector<int64_t> widths;
-  for (const LinearImpl* l : linears) {
-    if (l->fp8) return {};  // FP8 GEMMs per norm
-    weights.push_back(l->weight);
-    biases.push_back(l->bias);
-    widths.push_back(l->weight.size(0));
-  }
-  // Attributed to the expert model's scope (the norms' own scopes see only their kernels); the GEMM inventory
-  // lists the members as one merged GEMM, as for q/k/v.
-  profiler::Scope scope(fqn());
-  if (profiler::scopes_enabled()) {
-    std::vector<const std::string*> names;
-    int64_t n = 0;
-    for (size_t i = 0; i < linears.size(); ++i) {
-      names.push_back(&linears[i]->fqn());
-      n += widths[i];
-    }
-    profiler::note_gemm(names, cond.numel() / cond.size(-1), cond.size(-1), n);
-  }
-  // merged_linear casts the weights to cond's dtype (the compute dtype), as each norm's Linear does.
-  return kernels::merged_linear(cond, weights, biases).split_with_sizes(widths, -1);
+  auto out = norm_rms->forward(x, torch::Tensor(), path);
+  return {out.y, torch::Tensor(), out.h};
 }
 
 std::pair<torch::Tensor, torch::Tensor> rope_tables(const torch::Tensor& positions, int64_t head_dim,
@@ -214,13 +150,6 @@ std::pair<torch::Tensor, torch::Tensor> rope_tables(const torch::Tensor& positio
   auto inv_timescale = torch::pow(kRopeBase, torch::arange(half, options) * (2.0 / head_dim)).reciprocal();
   auto angles = (positions.to(math).unsqueeze(-1) * inv_timescale).unsqueeze(1);  // [B, 1, N, half]
   return {angles.cos(), angles.sin()};
-}
-
-torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
-  const int64_t half = x.size(-1) / 2;
-  auto xf = x.to(cos.scalar_type());
-  auto u = xf.narrow(-1, 0, half), v = xf.narrow(-1, half, half);
-  return at::cat({u * cos - v * sin, v * cos + u * sin}, -1).to(x.scalar_type());
 }
 
 std::vector<torch::Tensor> joint_attention(GemmaDecoderLayerImpl& prefix, GemmaDecoderLayerImpl& expert,
@@ -283,15 +212,16 @@ std::vector<torch::Tensor> joint_attention(GemmaDecoderLayerImpl& prefix, GemmaD
             ae.o_proj(branches[1].reshape({batch, s, heads * d}))};
   }
   // Concatenate along the sequence, prefix first (spec §3 step 3), then RoPE on the joint positions.
-  auto k =
-      apply_rope(at::cat({split(ap.k_proj(xp), p, kv_heads), split(ae.k_proj(xs), s, kv_heads)}, 2), in.cos, in.sin);
+  auto k = kernels::apply_rope_ref(at::cat({split(ap.k_proj(xp), p, kv_heads), split(ae.k_proj(xs), s, kv_heads)}, 2),
+                                   in.cos, in.sin);
   auto v = at::cat({split(ap.v_proj(xp), p, kv_heads), split(ae.v_proj(xs), s, kv_heads)}, 2);
   if (skip_prefix) {
-    auto q = apply_rope(split(ae.q_proj(xs), s, heads), in.cos.narrow(2, p, s), in.sin.narrow(2, p, s));
+    auto q = kernels::apply_rope_ref(split(ae.q_proj(xs), s, heads), in.cos.narrow(2, p, s), in.sin.narrow(2, p, s));
     auto o = attention_core(q, k, v, in.mask.narrow(2, p, s), in.attention);
     return {ae.o_proj(o.transpose(1, 2).reshape({batch, s, heads * d}))};
   }
-  auto q = apply_rope(at::cat({split(ap.q_proj(xp), p, heads), split(ae.q_proj(xs), s, heads)}, 2), in.cos, in.sin);
+  auto q = kernels::apply_rope_ref(at::cat({split(ap.q_proj(xp), p, heads), split(ae.q_proj(xs), s, heads)}, 2), in.cos,
+                                   in.sin);
   auto o = attention_core(q, k, v, in.mask, in.attention).transpose(1, 2).reshape({batch, p + s, heads * d});
   return {ap.o_proj(o.narrow(1, 0, p)), ae.o_proj(o.narrow(1, p, s))};
 }
@@ -303,10 +233,9 @@ std::vector<torch::Tensor> joint_layer(GemmaDecoderLayerImpl& prefix, GemmaDecod
   profiler::Scope scope(prefix.fqn());
   const bool skip = options.skip_prefix;
   const bool fused = in.fused;
-  auto np =
-      fused ? prefix.pre_attention_norm_fused(hp, torch::Tensor()) : prefix.pre_attention_norm(hp, torch::Tensor());
-  auto ns = fused ? expert.pre_attention_norm_fused(hs, in.cond, in.input_modulation)
-                  : expert.pre_attention_norm(hs, in.cond);
+  const kernels::OpPath path = fused ? kernels::OpPath::kFused : kernels::OpPath::kReference;
+  auto np = prefix.pre_attention_norm(hp, torch::Tensor(), path);
+  auto ns = expert.pre_attention_norm(hs, in.cond, path);
 
   std::vector<torch::Tensor> attn;
   if (options.recompute_attention) {
@@ -332,44 +261,30 @@ std::vector<torch::Tensor> joint_layer(GemmaDecoderLayerImpl& prefix, GemmaDecod
   }
 
   auto run_mlp = [fused](GemmaMLPImpl& mlp, const torch::Tensor& x, bool checkpointed, bool gate_up = false) {
-    if (!checkpointed) return fused ? mlp.forward_fused(x, gate_up) : mlp.forward(x, gate_up);
+    if (!checkpointed) return mlp.forward(x, gate_up, fused);
     GemmaMLPImpl* m = &mlp;
     return recompute(
         [m, fused](const std::vector<torch::Tensor>& in) {
-          return std::vector<torch::Tensor>{fused ? m->forward_fused(in[0]) : m->forward(in[0])};
+          return std::vector<torch::Tensor>{m->forward(in[0], false, fused)};
         },
         {x}, mlp.parameters())[0];
   };
 
-  // Expert: gated residuals (raw gate, not 1 + gate), attributed to the expert layer's scope. Fused: the attention
-  // residual runs inside the pre-FFN adaRMS kernel.
+  // Expert: gated residuals (raw gate, not 1 + gate), attributed to the expert layer's scope; the attention residual
+  // runs inside the pre-FFN adaRMS (one kernel on the fused path).
   torch::Tensor hs_out;
   {
     profiler::Scope expert_scope(expert.fqn());
-    NormOutput ns2;
-    if (fused) {
-      ns2 = expert.residual_pre_ffn_norm_fused(ns.h, attn.back(), ns.gate, in.cond, in.post_modulation);
-      hs_out = ns2.h;
-    } else {
-      hs_out = hs + ns.gate * attn.back();
-      ns2 = expert.pre_ffn_norm(hs_out, in.cond);
-    }
-    hs_out = hs_out + ns2.gate * run_mlp(*expert.mlp, ns2.y, options.recompute_expert_mlp);
+    NormOutput ns2 = expert.residual_pre_ffn_norm(ns.h, attn.back(), ns.gate, in.cond, path);
+    hs_out = ns2.h + ns2.gate * run_mlp(*expert.mlp, ns2.y, options.recompute_expert_mlp);
   }
   if (skip) return {hs_out};
 
-  // Prefix: plain residuals (fused: the attention residual inside the pre-FFN RMSNorm kernel).
-  torch::Tensor hp_out;
-  NormOutput np2;
-  if (fused) {
-    // np.h: hp through the pre-attention norm, whose backward kernel then adds this norm's gradient of hp.
-    np2 = prefix.residual_pre_ffn_norm_fused(np.h, attn[0], torch::Tensor(), torch::Tensor());
-    hp_out = np2.h;
-  } else {
-    hp_out = hp + attn[0];
-    np2 = prefix.pre_ffn_norm(hp_out, torch::Tensor());
-  }
-  hp_out = hp_out + run_mlp(*prefix.mlp, np2.y, options.recompute_prefix_mlp, options.recompute_prefix_gate_up);
+  // Prefix: plain residuals, the attention residual inside the pre-FFN RMSNorm. np.h: hp through the pre-attention
+  // norm, whose backward kernel then adds this norm's gradient of hp (fused path).
+  NormOutput np2 = prefix.residual_pre_ffn_norm(np.h, attn[0], torch::Tensor(), torch::Tensor(), path);
+  torch::Tensor hp_out =
+      np2.h + run_mlp(*prefix.mlp, np2.y, options.recompute_prefix_mlp, options.recompute_prefix_gate_up);
   return {hp_out, hs_out};
 }
 

@@ -29,13 +29,15 @@ class GemmaMLPImpl : public ScopedModule {
   // recompute_gate_up: the recompute unit `<mlp>.gate_proj+up_proj` (the merged gate+up GEMM output is not kept
   // from forward to backward but computed again at the start of the MLP's backward; same GEMM, same inputs, so
   // identical gradients). Reference path: gate_proj and up_proj run under model::recompute().
-  torch::Tensor forward(const torch::Tensor& x, bool recompute_gate_up = false);
-  // Fused path: gate_proj and up_proj as one GEMM (in this module's scope), GeGLU and down_proj as one autograd
-  // node that keeps only the merged GEMM output for backward (kernels::geglu_linear; down_proj keeps its scope);
-  // with recompute_gate_up it keeps the GEMM's input instead (bf16: the normed activation x, which the GEMM's own
-  // node keeps for the weight gradient; FP8: that node's x_q^T) and rebuilds the output in backward.
-  torch::Tensor forward_fused(const torch::Tensor& x, bool recompute_gate_up = false);
+  // fused: gate_proj and up_proj as one GEMM (in this module's scope), GeGLU and down_proj as one autograd node that
+  // keeps only the merged GEMM output for backward (kernels::geglu_linear; down_proj keeps its scope); with
+  // recompute_gate_up it keeps the GEMM's input instead (bf16: the normed activation x, which the GEMM's own node
+  // keeps for the weight gradient; FP8: that node's x_q^T) and rebuilds the output in backward.
+  torch::Tensor forward(const torch::Tensor& x, bool recompute_gate_up = false, bool fused = false);
   Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+
+ private:
+  torch::Tensor forward_merged(const torch::Tensor& x, bool recompute_gate_up);
 };
 TORCH_MODULE(GemmaMLP);
 
@@ -49,16 +51,11 @@ struct NormOutput {
 class GemmaDecoderLayerImpl : public ScopedModule {
  public:
   GemmaDecoderLayerImpl(const GemmaConfig& cfg, bool adaptive, int64_t cond_dim, torch::TensorOptions options);
-  NormOutput pre_attention_norm(const torch::Tensor& x, const torch::Tensor& cond);
-  NormOutput pre_ffn_norm(const torch::Tensor& x, const torch::Tensor& cond);
-  // Fused path: the pre-attention norm, and the attention residual fused into the pre-FFN norm
-  // (prefix: h = x + attn; expert: h = x + gate * attn, gate from the pre-attention adaRMS). `modulation`: the
-  // adaRMS norm's dense(cond), precomputed (GemmaModelImpl::merged_modulations); undefined: the norm's own GEMM.
-  NormOutput pre_attention_norm_fused(const torch::Tensor& x, const torch::Tensor& cond,
-                                      const torch::Tensor& modulation = {});
-  NormOutput residual_pre_ffn_norm_fused(const torch::Tensor& x, const torch::Tensor& attn,
-                                         const torch::Tensor& attn_gate, const torch::Tensor& cond,
-                                         const torch::Tensor& modulation = {});
+  // The pre-attention norm, and the attention residual fused into the pre-FFN norm (prefix: h = x + attn; expert:
+  // h = x + gate * attn, gate from the pre-attention adaRMS), on `path` (kernels/fused_ops.h).
+  NormOutput pre_attention_norm(const torch::Tensor& x, const torch::Tensor& cond, kernels::OpPath path);
+  NormOutput residual_pre_ffn_norm(const torch::Tensor& x, const torch::Tensor& attn, const torch::Tensor& attn_gate,
+                                   const torch::Tensor& cond, kernels::OpPath path);
   GemmaAttention self_attn{nullptr};
   GemmaMLP mlp{nullptr};
   // "input_layernorm" / "post_attention_layernorm" (both are *pre*-norms: before attention, before the MLP).
@@ -71,18 +68,8 @@ TORCH_MODULE(GemmaDecoderLayer);
 class GemmaModelImpl : public ScopedModule {
  public:
   GemmaModelImpl(const GemmaConfig& cfg, bool adaptive, int64_t cond_dim, torch::TensorOptions options);
-  NormOutput final_norm(const torch::Tensor& x, const torch::Tensor& cond, bool fused = false,
-                        const torch::Tensor& modulation = {});
-  // The adaRMS norms' dense Linears (expert; empty for the prefix): per layer input_layernorm.dense and
-  // post_attention_layernorm.dense, then norm.dense. They all read the same cond.
-  std::vector<const LinearImpl*> modulation_linears() const;
-  // Fused path: every modulation of modulation_linears() from one GEMM (kernels::merged_linear over the stacked
-  // weights and biases; the parameters stay separate, and Pi05Impl::pack_merged_weights packs them), in that
-  // order, each a [B, 3 * width] view of the one output. This replaces 2 * depth + 1 small GEMMs per step (their
-  // backward: as many dgrad and wgrad GEMMs, bias sums and gradient additions into cond) with one of each.
-  // Empty (each norm then runs its own GEMM) when the model has no adaRMS, a dense layer runs in FP8, or
-  // VLATUNE_MERGED_MODULATION=0 (for A/B runs).
-  std::vector<torch::Tensor> merged_modulations(const torch::Tensor& cond);
+  NormOutput final_norm(const torch::Tensor& x, const torch::Tensor& cond,
+                        kernels::OpPath path = kernels::OpPath::kReference);
   Embedding embed_tokens{nullptr};             // null for the expert
   torch::nn::ModuleList layers_list{nullptr};  // registered as "layers"
   std::vector<GemmaDecoderLayer> layers;
@@ -93,10 +80,7 @@ TORCH_MODULE(GemmaModel);
 
 // Inputs shared by every joint layer of one forward.
 struct JointInputs {
-  torch::Tensor cond;  // [B, cond_dim], compute dtype: the time condition c
-  // The expert layer's adaRMS modulations dense(cond) [B, 3 * width] (input_layernorm, post_attention_layernorm),
-  // set per layer from GemmaModelImpl::merged_modulations on the fused path; undefined: each norm's own GEMM.
-  torch::Tensor input_modulation, post_modulation;
+  torch::Tensor cond;      // [B, cond_dim], compute dtype: the time condition c
   torch::Tensor cos, sin;  // [B, 1, N, head_dim/2], math dtype: RoPE of positions cumsum(valid) - 1
   torch::Tensor mask;      // [B, 1, N, N] bool: query i may attend key j
   Attention attention = Attention::kLean;
@@ -109,8 +93,6 @@ struct JointInputs {
 // RoPE tables for positions [B, N]: theta_i = pos / 10000^(2i/head_dim), i < head_dim/2, in `math`.
 std::pair<torch::Tensor, torch::Tensor> rope_tables(const torch::Tensor& positions, int64_t head_dim,
                                                     c10::ScalarType math);
-// Half-split rotation of x [B, H, T, D] by tables [B, 1, T, D/2], in the tables' dtype, cast back to x's.
-torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
 // Joint attention block of one layer (the "self_attn" unit): norm outputs -> o_proj outputs. xp [B, P, Wp],
 // xs [B, S, Ws]. Returns {attn_p [B, P, Wp], attn_s [B, S, Ws]}; with skip_prefix only {attn_s}: prefix
@@ -124,7 +106,7 @@ struct JointLayerOptions {
   bool recompute_attention = false;
   bool recompute_prefix_mlp = false;
   bool recompute_expert_mlp = false;
-  bool recompute_prefix_gate_up = false;  // the prefix MLP's merged gate+up output (GemmaMLPImpl::forward_fused)
+  bool recompute_prefix_gate_up = false;  // the prefix MLP's merged gate+up output (GemmaMLPImpl::forward)
 };
 
 // One joint layer: (hp, hs) -> {hp', hs'}; with skip_prefix -> {hs'} (hp only feeds the prefix K/V).

@@ -3,7 +3,6 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "kernels/gemm_tuned.h"
 #include "model/float8_linear.h"
 #include "profiler/scope.h"
 
@@ -38,8 +37,7 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   profiler::Scope scope(fqn());
   if (profiler::scopes_enabled()) profiler::note_gemm({&fqn()}, x.numel() / x.size(-1), weight.size(1), weight.size(0));
   if (fp8) return float8_linear(x, {weight}, bias, *fp8);
-  // Tuned GEMMs on CUDA bf16/fp16 (kernels/gemm_tuned.h), at::linear itself elsewhere.
-  return kernels::tuned_linear(x, as_dtype_of(weight, x), bias.defined() ? as_dtype_of(bias, x) : torch::Tensor());
+  return kernels::linear(x, as_dtype_of(weight, x), bias.defined() ? as_dtype_of(bias, x) : torch::Tensor());
 }
 
 Float8State* merged_fp8_state(std::initializer_list<const LinearImpl*> members) {
@@ -81,56 +79,32 @@ LayerNormImpl::LayerNormImpl(int64_t dim, double eps_, torch::TensorOptions opti
   bias = register_parameter("bias", torch::zeros({dim}, options));
 }
 
-torch::Tensor LayerNormImpl::forward(const torch::Tensor& x) {
+kernels::NormOutputs LayerNormImpl::forward(const torch::Tensor& x, const torch::Tensor& delta, kernels::OpPath path) {
   profiler::Scope scope(fqn());
-  return at::layer_norm(x, {x.size(-1)}, as_dtype_of(weight, x), as_dtype_of(bias, x), eps);
-}
-
-kernels::NormOutputs LayerNormImpl::forward_fused(const torch::Tensor& x, const torch::Tensor& delta) {
-  profiler::Scope scope(fqn());
-  return kernels::layer_norm_residual(x, delta, weight, bias, eps);
+  return kernels::layer_norm_residual(x, delta, weight, bias, eps, path);
 }
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps_, torch::TensorOptions options) : eps(eps_) {
   weight = register_parameter("weight", torch::zeros({dim}, options));
 }
 
-torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+kernels::NormOutputs RMSNormImpl::forward(const torch::Tensor& x, const torch::Tensor& delta, kernels::OpPath path) {
   profiler::Scope scope(fqn());
-  const auto md = math_dtype(x.scalar_type());
-  auto xf = x.to(md);
-  auto y = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps) * (weight.to(md) + 1.0);
-  return y.to(x.scalar_type());
-}
-
-kernels::NormOutputs RMSNormImpl::forward_fused(const torch::Tensor& x, const torch::Tensor& delta) {
-  profiler::Scope scope(fqn());
-  return kernels::rms_norm_residual(x, delta, weight, eps);
+  return kernels::rms_norm_residual(x, delta, weight, eps, path);
 }
 
 AdaRMSNormImpl::AdaRMSNormImpl(int64_t dim, int64_t cond_dim, double eps_, torch::TensorOptions options) : eps(eps_) {
   dense = register_module("dense", Linear(cond_dim, 3 * dim, /*bias=*/true, options));
 }
 
-AdaRMSNormImpl::Output AdaRMSNormImpl::forward(const torch::Tensor& x, const torch::Tensor& cond) {
+AdaRMSNormImpl::Output AdaRMSNormImpl::forward(const torch::Tensor& x, const torch::Tensor& cond,
+                                               const torch::Tensor& delta, const torch::Tensor& gate_prev,
+                                               kernels::OpPath path) {
   profiler::Scope scope(fqn());
-  const auto md = math_dtype(x.scalar_type());
-  // [B, 3*dim] -> three [B, 1, dim]: elements 0..dim-1 scale, dim..2dim-1 shift, 2dim..3dim-1 gate.
+  // [B, 3*dim] -> three [B, 1, dim] views: elements 0..dim-1 scale, dim..2dim-1 shift, 2dim..3dim-1 gate.
   auto modulation = dense->forward(as_dtype_of(cond, x)).unsqueeze(1).chunk(3, -1);
-  auto xf = x.to(md);
-  auto normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  auto y = normed * (modulation[0].to(md) + 1.0) + modulation[1].to(md);
-  return {y.to(x.scalar_type()), modulation[2]};
-}
-
-AdaRMSNormImpl::FusedOutput AdaRMSNormImpl::forward_fused(const torch::Tensor& x, const torch::Tensor& cond,
-                                                          const torch::Tensor& delta, const torch::Tensor& gate_prev,
-                                                          const torch::Tensor& modulation) {
-  profiler::Scope scope(fqn());
-  // [B, 1, dim] views (of a merged modulation: rows strided, which the kernel reads in place).
-  auto parts = (modulation.defined() ? modulation : dense->forward(as_dtype_of(cond, x))).unsqueeze(1).chunk(3, -1);
-  auto out = kernels::adarms_norm_residual(x, delta, gate_prev, parts[0], parts[1], eps);
-  return {out.h, out.y, parts[2]};
+  auto out = kernels::adarms_norm_residual(x, delta, gate_prev, modulation[0], modulation[1], eps, path);
+  return {out.h, out.y, modulation[2]};
 }
 
 EmbeddingImpl::EmbeddingImpl(int64_t num, int64_t dim, torch::TensorOptions options) {

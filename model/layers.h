@@ -33,8 +33,8 @@ class ScopedModule : public torch::nn::Module {
 void assign_fqns(torch::nn::Module& root);
 
 // y = x W^T (+ b). Weight [out, in] as nn.Linear; cast to the input's dtype when they differ. With `fp8` set
-// (Pi05Impl::set_fp8) the GEMMs run in FP8 (model/float8_linear.h); else through kernels::tuned_linear (tuned
-// cuBLAS/cuBLASLt GEMMs on CUDA bf16/fp16, at::linear elsewhere: kernels/gemm.md).
+// (Pi05Impl::set_fp8) the GEMMs run in FP8 (model/float8_linear.h); else kernels::linear (at::linear; on CUDA
+// bf16/fp16 with a bias, its own node whose bias gradient is kernels::bias_grad).
 class LinearImpl : public ScopedModule {
  public:
   LinearImpl(int64_t in, int64_t out, bool bias, torch::TensorOptions options);
@@ -57,51 +57,47 @@ Float8State* merged_fp8_state(std::initializer_list<const LinearImpl*> members);
 // device). Throws std::invalid_argument for members of different dtypes, devices or trailing sizes.
 bool pack_rows(const std::vector<torch::Tensor>& members);
 
+// The norms below fuse the residual add before them: h = x + delta (delta may be undefined: h = x), y = norm(h),
+// through one entry point of kernels/fused_ops.h on `path` (the kernels and their autograd node, or the ATen
+// reference differentiated by autograd).
+
 // LayerNorm over the last dim (SigLIP, eps 1e-6). Statistics accumulate in fp32 inside ATen for bf16 inputs.
 class LayerNormImpl : public ScopedModule {
  public:
   LayerNormImpl(int64_t dim, double eps, torch::TensorOptions options);
-  torch::Tensor forward(const torch::Tensor& x);
-  // Fused path (kernels::layer_norm_residual): h = x + delta (delta may be undefined: h = x), y = norm(h).
-  kernels::NormOutputs forward_fused(const torch::Tensor& x, const torch::Tensor& delta);
+  kernels::NormOutputs forward(const torch::Tensor& x, const torch::Tensor& delta = {},
+                               kernels::OpPath path = kernels::OpPath::kReference);
   torch::Tensor weight, bias;
   double eps;
 };
 TORCH_MODULE(LayerNorm);
 
-// Gemma RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + w), computed in math_dtype, cast back (spec §3 step 1).
+// Gemma RMSNorm: h * rsqrt(mean(h^2) + eps) * (1 + w), computed in math_dtype, cast back (spec §3 step 1).
 class RMSNormImpl : public ScopedModule {
  public:
   RMSNormImpl(int64_t dim, double eps, torch::TensorOptions options);
-  torch::Tensor forward(const torch::Tensor& x);
-  // Fused path (kernels::rms_norm_residual): h = x + delta (delta may be undefined: h = x), y = norm(h).
-  kernels::NormOutputs forward_fused(const torch::Tensor& x, const torch::Tensor& delta);
+  kernels::NormOutputs forward(const torch::Tensor& x, const torch::Tensor& delta = {},
+                               kernels::OpPath path = kernels::OpPath::kReference);
   torch::Tensor weight;
   double eps;
 };
 TORCH_MODULE(RMSNorm);
 
 // Adaptive RMSNorm of the action expert (spec §4.3): [scale, shift, gate] = dense(cond) (dense: cond_dim ->
-// 3*dim, with bias), y = rms(x) * (1 + scale) + shift in math_dtype, cast back; gate (compute dtype) drives
-// the gated residual. No learned scale vector.
+// 3*dim, with bias), y = rms(h) * (1 + scale) + shift in math_dtype, cast back; gate (compute dtype) drives
+// the gated residual. No learned scale vector. The residual before it is gated by the previous norm's gate:
+// h = x + gate_prev * delta (delta undefined: h = x).
 class AdaRMSNormImpl : public ScopedModule {
  public:
   AdaRMSNormImpl(int64_t dim, int64_t cond_dim, double eps, torch::TensorOptions options);
   struct Output {
+    torch::Tensor h;     // the residual stream the norm read
     torch::Tensor y;     // [B, T, dim]
     torch::Tensor gate;  // [B, 1, dim]
   };
   // cond [B, cond_dim], already in the compute dtype.
-  Output forward(const torch::Tensor& x, const torch::Tensor& cond);
-  // Fused path (kernels::adarms_norm_residual): h = x + gate_prev * delta (the previous norm's gated residual;
-  // delta undefined: h = x), y = adaRMS(h). Returns {h, y, gate}. `modulation` [B, 3 * dim]: dense(cond) computed
-  // by the caller (GemmaModelImpl::merged_modulations: one GEMM for every adaRMS norm of the expert); undefined:
-  // this norm runs its own GEMM.
-  struct FusedOutput {
-    torch::Tensor h, y, gate;
-  };
-  FusedOutput forward_fused(const torch::Tensor& x, const torch::Tensor& cond, const torch::Tensor& delta,
-                            const torch::Tensor& gate_prev, const torch::Tensor& modulation = {});
+  Output forward(const torch::Tensor& x, const torch::Tensor& cond, const torch::Tensor& delta = {},
+                 const torch::Tensor& gate_prev = {}, kernels::OpPath path = kernels::OpPath::kReference);
   Linear dense{nullptr};
   double eps;
 };

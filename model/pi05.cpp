@@ -7,54 +7,14 @@
 #include <set>
 #include <stdexcept>
 
+#include "formats/fqn_pattern.h"
+#include "layout/pi05.h"
 #include "model/recompute.h"
 #include "profiler/scope.h"
 
 namespace vlatune::model {
 
 namespace {
-
-const std::string kVisionTowerFqn = "paligemma_with_expert.paligemma.model.vision_tower";
-const std::string kVisionLayerPrefix = kVisionTowerFqn + ".vision_model.encoder.layers.";
-const std::string kPrefixLayerPrefix = "paligemma_with_expert.paligemma.model.language_model.layers.";
-const std::string kExpertLayerPrefix = "paligemma_with_expert.gemma_expert.model.layers.";
-const std::string kGateUpLeaf = "gate_proj+up_proj";
-
-enum class Unit { kVisionTower, kVisionLayer, kJointLayer, kJointAttention, kPrefixMlp, kExpertMlp, kPrefixGateUp };
-struct UnitRef {
-  Unit unit;
-  int64_t index;
-};
-
-// Every recomputable FQN, in model order, with the unit it selects.
-std::vector<std::pair<std::string, UnitRef>> recomputable_units(const Pi05Config& cfg) {
-  std::vector<std::pair<std::string, UnitRef>> out;
-  out.push_back({kVisionTowerFqn, {Unit::kVisionTower, 0}});
-  for (int64_t i = 0; i < cfg.vision.depth; ++i)
-    out.push_back({kVisionLayerPrefix + std::to_string(i), {Unit::kVisionLayer, i}});
-  for (int64_t i = 0; i < cfg.backbone.depth; ++i) {
-    for (const std::string& prefix : {kPrefixLayerPrefix, kExpertLayerPrefix}) {
-      const std::string layer = prefix + std::to_string(i);
-      out.push_back({layer, {Unit::kJointLayer, i}});
-      out.push_back({layer + ".self_attn", {Unit::kJointAttention, i}});
-      out.push_back({layer + ".mlp", {prefix == kPrefixLayerPrefix ? Unit::kPrefixMlp : Unit::kExpertMlp, i}});
-      // The backbone MLP's merged gate+up GEMM output (named as the profiler's GEMM inventory names the merged
-      // GEMM): the largest activation of the layer, the cheapest to recompute (one forward GEMM).
-      if (prefix == kPrefixLayerPrefix) out.push_back({layer + ".mlp." + kGateUpLeaf, {Unit::kPrefixGateUp, i}});
-    }
-  }
-  return out;
-}
-
-// True when selecting `outer` already recomputes everything `inner` covers.
-bool contains(const UnitRef& outer, const UnitRef& inner) {
-  if (outer.unit == Unit::kVisionTower) return inner.unit == Unit::kVisionLayer;
-  if (outer.unit == Unit::kJointLayer)
-    return inner.index == outer.index && (inner.unit == Unit::kJointAttention || inner.unit == Unit::kPrefixMlp ||
-                                          inner.unit == Unit::kExpertMlp || inner.unit == Unit::kPrefixGateUp);
-  if (outer.unit == Unit::kPrefixMlp) return inner.unit == Unit::kPrefixGateUp && inner.index == outer.index;
-  return false;
-}
 
 std::vector<torch::Tensor> concat(std::vector<torch::Tensor> a, const std::vector<torch::Tensor>& b) {
   a.insert(a.end(), b.begin(), b.end());
@@ -124,30 +84,30 @@ GemmaModelImpl& Pi05Impl::expert_model() const {
 
 std::vector<std::string> Pi05Impl::recomputable_fqns() const {
   std::vector<std::string> out;
-  for (const auto& item : recomputable_units(cfg_)) out.push_back(item.first);
+  for (const auto& unit : layout::recomputable_units(cfg_.vision.depth, cfg_.backbone.depth)) out.push_back(unit.fqn);
   return out;
 }
 
 void Pi05Impl::set_recompute(const std::vector<std::string>& fqns) {
-  std::map<std::string, UnitRef> known;
-  for (const auto& item : recomputable_units(cfg_)) known.emplace(item.first, item.second);
-  std::vector<std::pair<std::string, UnitRef>> chosen;
+  std::map<std::string, layout::RecomputableUnit> known;
+  for (auto& unit : layout::recomputable_units(cfg_.vision.depth, cfg_.backbone.depth)) known.emplace(unit.fqn, unit);
+  std::vector<const layout::RecomputableUnit*> chosen;
   for (const std::string& fqn : fqns) {
     auto it = known.find(fqn);
     if (it == known.end())
-      throw std::invalid_argument(
-          "set_recompute: no recomputable module '" + fqn +
-          "' (recomputable: the vision tower, its encoder layers 0.." + std::to_string(cfg_.vision.depth - 1) +
-          ", decoder layers 0.." + std::to_string(cfg_.backbone.depth - 1) +
-          " and their self_attn and mlp, the backbone's mlp." + kGateUpLeaf + "; see Pi05Impl::recomputable_fqns())");
-    for (const auto& [other, ref] : chosen) {
-      if (contains(ref, it->second) || contains(it->second, ref)) {
-        const bool other_outer = contains(ref, it->second);
-        throw std::invalid_argument("set_recompute: nested selection: '" + (other_outer ? other : fqn) +
-                                    "' contains '" + (other_outer ? fqn : other) + "'; select only one of them");
-      }
+      throw std::invalid_argument("set_recompute: no recomputable module '" + fqn +
+                                  "' (recomputable: the vision tower, its encoder layers 0.." +
+                                  std::to_string(cfg_.vision.depth - 1) + ", decoder layers 0.." +
+                                  std::to_string(cfg_.backbone.depth - 1) +
+                                  " and their self_attn and mlp, the backbone's mlp." + layout::kGateUpLeaf +
+                                  "; see Pi05Impl::recomputable_fqns())");
+    for (const layout::RecomputableUnit* other : chosen) {
+      const bool other_outer = layout::unit_contains(other->fqn, fqn);
+      if (other_outer || layout::unit_contains(fqn, other->fqn))
+        throw std::invalid_argument("set_recompute: nested selection: '" + (other_outer ? other->fqn : fqn) +
+                                    "' contains '" + (other_outer ? fqn : other->fqn) + "'; select only one of them");
     }
-    chosen.emplace_back(fqn, it->second);
+    chosen.push_back(&it->second);
   }
   RecomputeSet set;
   const auto depth = static_cast<size_t>(cfg_.backbone.depth);
@@ -157,31 +117,15 @@ void Pi05Impl::set_recompute(const std::vector<std::string>& fqns) {
   set.prefix_mlp.assign(depth, false);
   set.expert_mlp.assign(depth, false);
   set.prefix_gate_up.assign(depth, false);
-  for (const auto& [fqn, ref] : chosen) {
-    const auto i = static_cast<size_t>(ref.index);
-    switch (ref.unit) {
-      case Unit::kVisionTower:
-        set.vision_tower = true;
-        break;
-      case Unit::kVisionLayer:
-        set.vision_layer[i] = true;
-        break;
-      case Unit::kJointLayer:
-        set.joint_layer[i] = true;
-        break;
-      case Unit::kJointAttention:
-        set.joint_attention[i] = true;
-        break;
-      case Unit::kPrefixMlp:
-        set.prefix_mlp[i] = true;
-        break;
-      case Unit::kExpertMlp:
-        set.expert_mlp[i] = true;
-        break;
-      case Unit::kPrefixGateUp:
-        set.prefix_gate_up[i] = true;
-        break;
-    }
+  const std::map<std::string, std::vector<bool>*> flags = {
+      {"vit_layer", &set.vision_layer},    {"decoder_layer", &set.joint_layer},
+      {"attention", &set.joint_attention}, {"backbone_mlp", &set.prefix_mlp},
+      {"expert_mlp", &set.expert_mlp},     {"backbone_mlp_gate_up", &set.prefix_gate_up}};
+  for (const layout::RecomputableUnit* unit : chosen) {
+    if (unit->kind == "vision_tower")
+      set.vision_tower = true;
+    else
+      (*flags.at(unit->kind))[static_cast<size_t>(unit->index)] = true;
   }
   recompute_ = std::move(set);
   recompute_fqns_ = fqns;
@@ -200,15 +144,6 @@ std::vector<std::vector<torch::Tensor>> Pi05Impl::merged_groups() const {
       groups.push_back({a.q_proj->weight, a.k_proj->weight, a.v_proj->weight});
       groups.push_back({layer->mlp->gate_proj->weight, layer->mlp->up_proj->weight});
     }
-  }
-  std::vector<torch::Tensor> modulation_weights, modulation_biases;  // GemmaModelImpl::merged_modulations
-  for (const LinearImpl* l : expert_model().modulation_linears()) {
-    modulation_weights.push_back(l->weight);
-    modulation_biases.push_back(l->bias);
-  }
-  if (!modulation_weights.empty()) {
-    groups.push_back(std::move(modulation_weights));
-    groups.push_back(std::move(modulation_biases));
   }
   return groups;
 }
@@ -311,13 +246,15 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
     if (recompute_.vision_tower) {
       SiglipVisionTowerImpl* t = &tower;
       const Attention mode = options.attention;
+      const kernels::AttentionBackend backend = options.attention_backend;
       features = recompute(
-          [t, compute, mode, fused](const std::vector<torch::Tensor>& in) {
-            return std::vector<torch::Tensor>{t->forward(in[0], compute, mode, {}, fused)};
+          [t, compute, mode, fused, backend](const std::vector<torch::Tensor>& in) {
+            return std::vector<torch::Tensor>{t->forward(in[0], compute, mode, {}, fused, backend)};
           },
           {pixels}, tower.parameters())[0];
     } else {
-      features = tower.forward(pixels, compute, options.attention, recompute_.vision_layer, fused);
+      features =
+          tower.forward(pixels, compute, options.attention, recompute_.vision_layer, fused, options.attention_backend);
     }
     auto projected = projector().forward(features);  // image tokens are not rescaled
     inputs_scope.emplace(inputs_scope_name);
@@ -359,9 +296,6 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
     inputs_scope.reset();
   }
   joint.attention = options.attention;
-  // Fused path: every adaRMS modulation of the expert from one GEMM (2 per layer, then the final norm's).
-  const std::vector<torch::Tensor> modulations =
-      fused && options.merge_modulations ? ex.merged_modulations(joint.cond) : std::vector<torch::Tensor>{};
 
   // 4. Mask and positions over N = P + S: i attends j iff block(j) <= block(i) and valid(j) (prefix block 0,
   // suffix block 1), or i == j (keeps fully padded query rows finite; exact for valid rows).
@@ -376,11 +310,11 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
   auto positions = valid.to(torch::kLong).cumsum(1) - 1;
   std::tie(joint.cos, joint.sin) = rope_tables(positions, cfg_.backbone.head_dim, md);
   if (joint.fused && joint.attention == Attention::kLean &&
-      kernels::varlen_attention_supported(hs, cfg_.backbone.head_dim)) {
+      kernels::varlen_attention_supported(hs, cfg_.backbone.head_dim, options.attention_backend)) {
     const auto& bb = cfg_.backbone;
     const kernels::JointAttentionShape shape{
         b, p, s, bb.heads, bb.kv_heads, bb.head_dim, 1.0 / std::sqrt(static_cast<double>(bb.head_dim))};
-    const kernels::VarlenBackend backend = kernels::choose_varlen_backend(hs, shape);
+    const kernels::VarlenBackend backend = kernels::choose_varlen_backend(hs, shape, options.attention_backend);
     joint.varlen_joint =
         std::make_shared<const kernels::VarlenLayout>(kernels::joint_varlen_layout(valid, p, true, backend));
     if (options.skip_dead)
@@ -399,15 +333,10 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
     GemmaDecoderLayerImpl* lp = lm.layers[i].get();
     GemmaDecoderLayerImpl* le = ex.layers[i].get();
     std::vector<torch::Tensor> result;
-    if (!modulations.empty()) {
-      joint.input_modulation = modulations[2 * i];
-      joint.post_modulation = modulations[2 * i + 1];
-    }
     if (recompute_.joint_layer[i]) {
       const Attention mode = options.attention;
       const bool fused = joint.fused;
       std::vector<torch::Tensor> inputs{hp, hs, joint.cond, joint.cos, joint.sin, joint.mask};
-      if (!modulations.empty()) inputs.insert(inputs.end(), {joint.input_modulation, joint.post_modulation});
       result = recompute(
           [lp, le, mode, fused, layer_options, varlen_joint = joint.varlen_joint,
            varlen_suffix = joint.varlen_suffix](const std::vector<torch::Tensor>& in) {
@@ -420,10 +349,6 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
             j.cos = in[3];
             j.sin = in[4];
             j.mask = in[5];
-            if (in.size() > 6) {
-              j.input_modulation = in[6];
-              j.post_modulation = in[7];
-            }
             return joint_layer(*lp, *le, in[0], in[1], j, layer_options);
           },
           inputs, concat(lp->parameters(), le->parameters()));
@@ -444,7 +369,7 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
 
   // 6. Velocity head in fp32 (the final adaRMS gate is discarded) and the loss.
   auto suffix_out =
-      ex.final_norm(hs, joint.cond, joint.fused, modulations.empty() ? torch::Tensor() : modulations.back()).y.to(md);
+      ex.final_norm(hs, joint.cond, joint.fused ? kernels::OpPath::kFused : kernels::OpPath::kReference).y.to(md);
   out.velocity = action_out_proj(suffix_out);
   {
     static const std::string loss_scope_name = profiler::kLossScope;
@@ -513,31 +438,19 @@ void Pi05Impl::set_fp8(const std::vector<std::string>& fqns, const Fp8Config& co
       order.push_back(item.key());
     }
   }
-  // Decoder q/k/v and gate/up run as merged GEMMs: a choice for one member covers its siblings.
-  auto siblings = [](const std::string& fqn) -> std::vector<std::string> {
-    const auto dot = fqn.rfind('.');
-    const std::string parent = fqn.substr(0, dot + 1), leaf = fqn.substr(dot + 1);
-    const bool decoder = fqn.find(".language_model.layers.") != std::string::npos ||
-                         fqn.find(".gemma_expert.model.layers.") != std::string::npos;
-    if (!decoder) return {fqn};
-    if (leaf == "q_proj" || leaf == "k_proj" || leaf == "v_proj")
-      return {parent + "q_proj", parent + "k_proj", parent + "v_proj"};
-    if (leaf == "gate_proj" || leaf == "up_proj") return {parent + "gate_proj", parent + "up_proj"};
-    return {fqn};
-  };
   std::set<std::string> chosen;
   for (const std::string& fqn : fqns) {
     auto it = linears.find(fqn);
     if (it == linears.end())
       throw std::invalid_argument("set_fp8: '" + fqn +
                                   "' is not a Linear module of the model (FP8 applies to Linears)");
-    const auto leaf = fqn.substr(fqn.rfind('.') + 1);
-    if (fqn.find(".vision_tower.") != std::string::npos &&
-        (leaf == "q_proj" || leaf == "k_proj" || leaf == "v_proj" || leaf == "fc2"))
+    // Merged GEMMs: a choice for one member covers its siblings.
+    const std::vector<std::string> members = layout::merged_gemm_members(fqn);
+    if (formats::fqn_within(fqn, layout::kVisionTower) && (members.size() > 1 || fqn.substr(fqn.rfind('.')) == ".fc2"))
       throw std::invalid_argument("set_fp8: '" + fqn +
                                   "': the SigLIP q/k/v projections (one merged GEMM) and fc2 (fused with the GELU) "
                                   "have no FP8 form yet; of the vision tower, out_proj and fc1 can run in FP8");
-    for (const std::string& member : siblings(fqn)) {
+    for (const std::string& member : members) {
       const LinearImpl& l = *linears.at(member);
       const std::string problem = float8_shape_problem(l.weight.size(1), l.weight.size(0));
       if (!problem.empty()) throw std::invalid_argument("set_fp8: '" + member + "': " + problem);

@@ -19,7 +19,8 @@ SiglipAttentionImpl::SiglipAttentionImpl(const VisionConfig& cfg, torch::TensorO
   out_proj = register_module("out_proj", Linear(cfg.width, cfg.width, true, options));
 }
 
-torch::Tensor SiglipAttentionImpl::forward(const torch::Tensor& x, Attention mode, bool fused) {
+torch::Tensor SiglipAttentionImpl::forward(const torch::Tensor& x, Attention mode, bool fused,
+                                           kernels::AttentionBackend backend) {
   profiler::Scope scope(fqn());
   const int64_t n = x.size(0), t = x.size(1), width = x.size(2);
   auto split = [&](const torch::Tensor& y) { return y.view({n, t, heads, width / heads}).transpose(1, 2); };
@@ -28,7 +29,7 @@ torch::Tensor SiglipAttentionImpl::forward(const torch::Tensor& x, Attention mod
       profiler::note_gemm({&q_proj->fqn(), &k_proj->fqn(), &v_proj->fqn()}, x.numel() / width, width, 3 * width);
     auto qkv = kernels::merged_linear(x, {q_proj->weight, k_proj->weight, v_proj->weight},
                                       {q_proj->bias, k_proj->bias, v_proj->bias});  // [n, t, q | k | v]
-    if (mode == Attention::kLean && kernels::qkv_attention_supported(qkv, heads))
+    if (mode == Attention::kLean && kernels::qkv_attention_supported(qkv, heads, backend))
       return out_proj(kernels::qkv_attention(qkv, heads, 1.0 / std::sqrt(static_cast<double>(width / heads))));
     // Strided [n, heads, t, d] views of the merged output, read in place by SDPA (no copy for the layout); their
     // backward is one stack into the merged layout (narrow views cost a zero-filled [n, t, 3 * width] each).
@@ -45,13 +46,9 @@ SiglipMLPImpl::SiglipMLPImpl(const VisionConfig& cfg, torch::TensorOptions optio
   fc2 = register_module("fc2", Linear(cfg.mlp, cfg.width, true, options));
 }
 
-torch::Tensor SiglipMLPImpl::forward(const torch::Tensor& x) {
+torch::Tensor SiglipMLPImpl::forward(const torch::Tensor& x, bool fused) {
   profiler::Scope scope(fqn());
-  return fc2(gelu_tanh(fc1(x)));
-}
-
-torch::Tensor SiglipMLPImpl::forward_fused(const torch::Tensor& x) {
-  profiler::Scope scope(fqn());
+  if (!fused) return fc2(gelu_tanh(fc1(x)));
   auto pre = fc1(x);                         // the GEMM adds the bias (cuBLAS epilogue)
   if (fc2->fp8) return fc2(gelu_tanh(pre));  // an FP8 fc2 (Pi05Impl::set_fp8) runs its own GEMM
   if (profiler::scopes_enabled())
@@ -67,19 +64,17 @@ SiglipEncoderLayerImpl::SiglipEncoderLayerImpl(const VisionConfig& cfg, torch::T
   layer_norm2 = register_module("layer_norm2", LayerNorm(cfg.width, kLayerNormEps, options));
 }
 
-torch::Tensor SiglipEncoderLayerImpl::forward(const torch::Tensor& x, Attention mode, bool fused) {
+torch::Tensor SiglipEncoderLayerImpl::forward(const torch::Tensor& x, Attention mode, bool fused,
+                                              kernels::AttentionBackend backend) {
   profiler::Scope scope(fqn());
-  if (fused) {
-    // The attention residual runs inside layer_norm2's kernel (attributed to layer_norm2); the MLP residual stays
-    // an ATen add (fusing it into the next layer's layer_norm1 would cross the layer's recompute boundary).
-    auto n1 = layer_norm1->forward_fused(x, torch::Tensor());
-    auto attn = self_attn->forward(n1.y, mode, true);
-    // n1.h: x as seen through layer_norm1, whose backward kernel then adds layer_norm2's gradient of x.
-    auto n2 = layer_norm2->forward_fused(n1.h, attn);
-    return n2.h + mlp->forward_fused(n2.y);
-  }
-  auto h = x + self_attn->forward(layer_norm1(x), mode, fused);
-  return h + mlp(layer_norm2(h));
+  const kernels::OpPath path = fused ? kernels::OpPath::kFused : kernels::OpPath::kReference;
+  // The attention residual runs inside layer_norm2 (its kernel on the fused path); the MLP residual stays an ATen
+  // add (fusing it into the next layer's layer_norm1 would cross the layer's recompute boundary).
+  auto n1 = layer_norm1->forward(x, torch::Tensor(), path);
+  auto attn = self_attn->forward(n1.y, mode, fused, backend);
+  // n1.h: x as seen through layer_norm1, whose backward kernel then adds layer_norm2's gradient of x (fused path).
+  auto n2 = layer_norm2->forward(n1.h, attn, path);
+  return n2.h + mlp->forward(n2.y, fused);
 }
 
 SiglipEmbeddingsImpl::SiglipEmbeddingsImpl(const VisionConfig& cfg, torch::TensorOptions options) {
@@ -114,7 +109,8 @@ SiglipVisionTowerImpl::SiglipVisionTowerImpl(const VisionConfig& cfg, torch::Ten
 }
 
 torch::Tensor SiglipVisionTowerImpl::forward(const torch::Tensor& pixels, c10::ScalarType compute, Attention mode,
-                                             const std::vector<bool>& recompute_layers, bool fused) {
+                                             const std::vector<bool>& recompute_layers, bool fused,
+                                             kernels::AttentionBackend backend) {
   profiler::Scope scope(fqn());
   auto& vm = *vision_model;
   profiler::Scope model_scope(vm.fqn());
@@ -131,16 +127,17 @@ torch::Tensor SiglipVisionTowerImpl::forward(const torch::Tensor& pixels, c10::S
         SiglipEncoderLayerImpl* layer = layers[i].get();
         std::vector<torch::Tensor> params = layer->parameters();
         x = recompute(
-            [layer, mode, fused](const std::vector<torch::Tensor>& in) -> std::vector<torch::Tensor> {
-              return {layer->forward(in[0], mode, fused)};
+            [layer, mode, fused, backend](const std::vector<torch::Tensor>& in) -> std::vector<torch::Tensor> {
+              return {layer->forward(in[0], mode, fused, backend)};
             },
             {x}, params)[0];
       } else {
-        x = layers[i]->forward(x, mode, fused);
+        x = layers[i]->forward(x, mode, fused, backend);
       }
     }
   }
-  return fused ? vm.post_layernorm->forward_fused(x, torch::Tensor()).y : vm.post_layernorm(x);
+  return vm.post_layernorm->forward(x, torch::Tensor(), fused ? kernels::OpPath::kFused : kernels::OpPath::kReference)
+      .y;
 }
 
 }  // namespace vlatune::model

@@ -13,8 +13,10 @@ namespace vlatune::model {
 class SiglipAttentionImpl : public ScopedModule {
  public:
   SiglipAttentionImpl(const VisionConfig& cfg, torch::TensorOptions options);
-  // Bidirectional MHA, all with biases. fused: q/k/v as one GEMM (kernels::merged_linear) in this module's scope.
-  torch::Tensor forward(const torch::Tensor& x, Attention mode, bool fused = false);
+  // Bidirectional MHA, all with biases. fused: q/k/v as one GEMM (kernels::merged_linear) in this module's scope, the
+  // attention on cuDNN from the merged output (kernels/qkv_attention.h) when `backend` allows it.
+  torch::Tensor forward(const torch::Tensor& x, Attention mode, bool fused = false,
+                        kernels::AttentionBackend backend = kernels::AttentionBackend::kAuto);
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr};
   int64_t heads;
 };
@@ -23,9 +25,9 @@ TORCH_MODULE(SiglipAttention);
 class SiglipMLPImpl : public ScopedModule {
  public:
   SiglipMLPImpl(const VisionConfig& cfg, torch::TensorOptions options);
-  torch::Tensor forward(const torch::Tensor& x);  // fc2(gelu_tanh(fc1(x)))
-  // The same with the GELU kernel and fc2 as one autograd node (kernels::gelu_linear) that saves fc1's output only.
-  torch::Tensor forward_fused(const torch::Tensor& x);
+  // fc2(gelu_tanh(fc1(x))). fused: the GELU kernel and fc2 as one autograd node (kernels::gelu_linear) that saves
+  // fc1's output only.
+  torch::Tensor forward(const torch::Tensor& x, bool fused = false);
   Linear fc1{nullptr}, fc2{nullptr};
 };
 TORCH_MODULE(SiglipMLP);
@@ -35,7 +37,8 @@ TORCH_MODULE(SiglipMLP);
 class SiglipEncoderLayerImpl : public ScopedModule {
  public:
   SiglipEncoderLayerImpl(const VisionConfig& cfg, torch::TensorOptions options);
-  torch::Tensor forward(const torch::Tensor& x, Attention mode, bool fused = false);
+  torch::Tensor forward(const torch::Tensor& x, Attention mode, bool fused = false,
+                        kernels::AttentionBackend backend = kernels::AttentionBackend::kAuto);
   SiglipAttention self_attn{nullptr};
   LayerNorm layer_norm1{nullptr};
   SiglipMLP mlp{nullptr};
@@ -78,7 +81,8 @@ class SiglipVisionTowerImpl : public ScopedModule {
  public:
   SiglipVisionTowerImpl(const VisionConfig& cfg, torch::TensorOptions options);
   torch::Tensor forward(const torch::Tensor& pixels, c10::ScalarType compute, Attention mode,
-                        const std::vector<bool>& recompute_layers = {}, bool fused = false);
+                        const std::vector<bool>& recompute_layers = {}, bool fused = false,
+                        kernels::AttentionBackend backend = kernels::AttentionBackend::kAuto);
   SiglipVisionTransformer vision_model{nullptr};
 };
 TORCH_MODULE(SiglipVisionTower);

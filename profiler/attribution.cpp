@@ -137,6 +137,7 @@ AttributionResult attribute(const TraceData& trace, int64_t steps, const std::ma
   std::vector<size_t> chain;                            // rows
   std::unordered_map<size_t, std::string> folded_name;  // row -> its FQN with layer indices folded (kernel sites)
   for (const ActivityRecord& a : trace.activities) {
+    if (!is_device_activity(a.kind)) continue;  // a host API call: not device time
     const double ms = static_cast<double>(a.end_ns > a.start_ns ? a.end_ns - a.start_ns : 0) / 1e6;
     total_ms += ms;
     KernelAcc& k = all[a.name];

@@ -4,6 +4,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "formats/numbers.h"
 #include "profiler/attribution.h"
 #include "profiler/scope.h"
 
@@ -15,12 +16,6 @@ const std::string kCommPrefix = std::string(kCommScope) + ":";
 
 bool starts_with(const std::string& s, const std::string& prefix) {
   return s.compare(0, prefix.size(), prefix) == 0;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  return (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
 }
 
 }  // namespace
@@ -40,6 +35,7 @@ CommStats communication_from_trace(const TraceData& trace, const std::vector<Com
   std::map<int64_t, uint64_t> nccl_end, backward_end;         // per step
   std::map<int64_t, std::map<std::string, double>> group_ms;  // per step, per group
   for (const ActivityRecord& a : trace.activities) {
+    if (!is_device_activity(a.kind)) continue;  // a host API call: not device time
     const bool nccl = kernel_category(a.name, a.kind) == "communication";
     const ScopeRecord* scope_record = lookup.of(a);
     if (scope_record == nullptr) {
@@ -71,7 +67,8 @@ CommStats communication_from_trace(const TraceData& trace, const std::vector<Com
     if (b == backward_end.end()) continue;  // no backward kernel seen in this step: nothing to compare with
     out.exposed_ms_per_step.push_back(end > b->second ? static_cast<double>(end - b->second) / 1e6 : 0.0);
   }
-  c.exposed_ms = median(out.exposed_ms_per_step);
+  // No step with a backward kernel to compare with: nothing measured exposed.
+  c.exposed_ms = out.exposed_ms_per_step.empty() ? 0.0 : formats::median(out.exposed_ms_per_step);
   int64_t total_bytes = 0;
   double total_ms = 0;
   for (const CommGroupInfo& g : groups) {
@@ -81,7 +78,7 @@ CommStats communication_from_trace(const TraceData& trace, const std::vector<Com
       auto it = by_group.find(g.name);
       per_step.push_back(it == by_group.end() ? 0.0 : it->second);
     }
-    const double ms = median(per_step);
+    const double ms = per_step.empty() ? 0.0 : formats::median(per_step);
     c.groups.push_back({g.name, g.bytes, ms});
     total_bytes += g.bytes;
     total_ms += ms;

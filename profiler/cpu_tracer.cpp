@@ -57,6 +57,7 @@ ApiResult CpuTracer::start() {
                         r.start_ns = ctx->start;
                         r.end_ns = steady_ns();
                         r.external_id = t_external.empty() ? 0 : t_external.back();
+                        r.thread = os_thread_id();
                         self->record(std::move(r));
                       })
                       .scopes({at::RecordScope::FUNCTION});

@@ -36,8 +36,9 @@ std::string error_text(const char* call, CUptiResult rc) {
   return std::string(call) + ": " + (message != nullptr ? message : "unknown CUPTI error");
 }
 
-// Activity kinds we enable. RUNTIME and DRIVER records are not used themselves, but CUPTI emits the external
-// correlation of a launch only for API records it is recording; cuBLAS launches through the driver API.
+// Activity kinds we enable. CUPTI emits the external correlation of a launch only for API records it is
+// recording, so RUNTIME and DRIVER are on for attribution (cuBLAS launches through the driver API); the trace
+// also shows them, linked to the work they launched.
 constexpr CUpti_ActivityKind kKinds[] = {
     CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,    CUPTI_ACTIVITY_KIND_MEMCPY,  CUPTI_ACTIVITY_KIND_MEMSET,
     CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION, CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_DRIVER,
@@ -90,6 +91,9 @@ class CuptiActivityApi final : public ActivityApi {
       return {status, error_text("cuptiSubscribe", rc)};
     }
     g_client.store(client);
+    // API records keyed by gettid, the id the trace's host rows use (records.h os_thread_id()); a failure only
+    // leaves them on rows of their own.
+    cuptiSetThreadIdType(CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM);
     rc = cuptiActivityRegisterCallbacks(on_buffer_requested, on_buffer_completed);
     if (rc != CUPTI_SUCCESS) return fail("cuptiActivityRegisterCallbacks", rc);
     for (CUpti_ActivityKind kind : kKinds) {
@@ -141,6 +145,13 @@ class CuptiActivityApi final : public ActivityApi {
           const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
           activities->push_back(
               device_record(ActivityKind::kKernel, k->name != nullptr ? k->name : "<unnamed kernel>", *k));
+          ActivityRecord& a = activities->back();
+          a.grid = {static_cast<uint32_t>(k->gridX), static_cast<uint32_t>(k->gridY), static_cast<uint32_t>(k->gridZ)};
+          a.block = {static_cast<uint32_t>(k->blockX), static_cast<uint32_t>(k->blockY),
+                     static_cast<uint32_t>(k->blockZ)};
+          a.registers_per_thread = k->registersPerThread;
+          a.shared_memory_bytes =
+              static_cast<uint32_t>(k->staticSharedMemory) + static_cast<uint32_t>(k->dynamicSharedMemory);
           break;
         }
         case CUPTI_ACTIVITY_KIND_MEMCPY: {
@@ -161,8 +172,28 @@ class CuptiActivityApi final : public ActivityApi {
             correlations->push_back({c->correlationId, c->externalId});
           break;
         }
+        case CUPTI_ACTIVITY_KIND_RUNTIME:
+        case CUPTI_ACTIVITY_KIND_DRIVER: {
+          const auto* c = reinterpret_cast<const CUpti_ActivityAPI*>(record);
+          const bool runtime = record->kind == CUPTI_ACTIVITY_KIND_RUNTIME;
+          ActivityRecord a;
+          a.kind = runtime ? ActivityKind::kRuntime : ActivityKind::kDriver;
+          const char* name = nullptr;
+          if (cuptiGetCallbackName(runtime ? CUPTI_CB_DOMAIN_RUNTIME_API : CUPTI_CB_DOMAIN_DRIVER_API, c->cbid,
+                                   &name) != CUPTI_SUCCESS ||
+              name == nullptr)
+            name = runtime ? "cuda runtime call" : "cuda driver call";
+          a.name = name;
+          a.start_ns = c->start;
+          a.end_ns = c->end;
+          a.correlation_id = c->correlationId;
+          a.thread = c->threadId;
+          a.cbid = c->cbid;
+          activities->push_back(std::move(a));
+          break;
+        }
         default:
-          break;  // RUNTIME/DRIVER records: only enabled so that launches get their external correlation
+          break;
       }
     }
   }
@@ -204,7 +235,24 @@ std::vector<uint8_t> encode_activity_buffer_for_test(const std::vector<ActivityR
       k.streamId = a.stream;
       k.deviceId = a.device;
       k.graphNodeId = a.graph_node;
+      k.gridX = static_cast<int32_t>(a.grid[0]);
+      k.gridY = static_cast<int32_t>(a.grid[1]);
+      k.gridZ = static_cast<int32_t>(a.grid[2]);
+      k.blockX = static_cast<int32_t>(a.block[0]);
+      k.blockY = static_cast<int32_t>(a.block[1]);
+      k.blockZ = static_cast<int32_t>(a.block[2]);
+      k.registersPerThread = static_cast<uint16_t>(a.registers_per_thread);
+      k.dynamicSharedMemory = static_cast<int32_t>(a.shared_memory_bytes);
       append(&k, sizeof k);
+    } else if (a.kind == ActivityKind::kRuntime || a.kind == ActivityKind::kDriver) {
+      CUpti_ActivityAPI c{};
+      c.kind = a.kind == ActivityKind::kRuntime ? CUPTI_ACTIVITY_KIND_RUNTIME : CUPTI_ACTIVITY_KIND_DRIVER;
+      c.cbid = a.cbid;
+      c.start = a.start_ns;
+      c.end = a.end_ns;
+      c.threadId = static_cast<uint32_t>(a.thread);
+      c.correlationId = a.correlation_id;
+      append(&c, sizeof c);
     } else if (a.kind == ActivityKind::kMemcpy) {
       CUpti_ActivityMemcpy6 m{};
       m.kind = CUPTI_ACTIVITY_KIND_MEMCPY;

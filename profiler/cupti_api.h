@@ -46,7 +46,7 @@ class ActivityApi {
  public:
   virtual ~ActivityApi() = default;
   // Subscribes, registers the buffer callbacks and enables CONCURRENT_KERNEL, EXTERNAL_CORRELATION, MEMCPY,
-  // MEMSET. On failure nothing stays enabled or subscribed.
+  // MEMSET, RUNTIME, DRIVER. On failure nothing stays enabled or subscribed.
   virtual ApiResult start(ActivityBufferClient* client) = 0;
   // Forced flush: every buffer, complete or not, has reached buffer_completed when this returns. Never call it
   // while holding a lock that buffer_completed takes (CUPTI calls back on this thread).
@@ -60,7 +60,8 @@ class ActivityApi {
   virtual uint64_t timestamp_ns() = 0;
   // Records CUPTI dropped since start() (buffers refused or full).
   virtual uint64_t dropped_records() = 0;
-  // Appends the records of one completed buffer (kernels, memcpys, memsets, external correlations).
+  // Appends the records of one completed buffer (kernels, memcpys, memsets, runtime and driver API calls, external
+  // correlations).
   virtual void decode(const uint8_t* buffer, size_t valid_bytes, std::vector<ActivityRecord>* activities,
                       std::vector<CorrelationRecord>* correlations) = 0;
 };

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include "formats/numbers.h"
 #include "kernels/device_probe.h"
 #include "kernels/fp8_ops.h"
 
@@ -19,11 +20,6 @@ namespace vlatune::profiler {
 #ifdef VLATUNE_HAVE_CUDA
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
-}
-
 // Median ms of `body` over `reps` runs, each after overwriting a buffer larger than the H200's 50 MB L2.
 template <typename Body>
 double time_cold(const at::Tensor& flush, int reps, Body&& body) {
@@ -39,7 +35,7 @@ double time_cold(const at::Tensor& flush, int reps, Body&& body) {
     stop.synchronize();
     ms.push_back(start.elapsed_time(stop));
   }
-  return median(ms);
+  return formats::median(ms);
 }
 
 // Tensorwise quantization as the trainer's unfused path runs it: amax, scale = fp8_max / amax, scaled cast.

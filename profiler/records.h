@@ -2,6 +2,10 @@
 // and scope records (from the scope recorder). Attribution joins them.
 #pragma once
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -10,7 +14,17 @@
 
 namespace vlatune::profiler {
 
-enum class ActivityKind { kKernel, kMemcpy, kMemset };
+// kRuntime/kDriver: a host-side CUDA runtime or driver API call (CUPTI's RUNTIME/DRIVER records), e.g. the
+// cudaLaunchKernel whose correlation id the kernel it launched carries. Not device time: attribution skips them;
+// the trace shows them on their thread, linked to their work by flow events.
+enum class ActivityKind { kKernel, kMemcpy, kMemset, kRuntime, kDriver };
+
+// The calling thread's OS id (gettid): host rows of the trace are keyed by it, as CUPTI keys its API records once
+// told to (CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM).
+inline uint64_t os_thread_id() {
+  static thread_local const uint64_t id = static_cast<uint64_t>(::syscall(SYS_gettid));
+  return id;
+}
 
 // One kernel, memcpy or memset on the device (or, for the CPU tracer, one top-level ATen op on the host).
 // Times in ns on the tracer's clock (CUPTI timestamps; the same clock the scope records use).
@@ -24,7 +38,17 @@ struct ActivityRecord {
   uint64_t bytes = 0;        // memcpy/memset
   uint64_t graph_node = 0;   // != 0: replayed from a CUDA graph (attribution is per launch, not per kernel)
   uint64_t external_id = 0;  // CPU tracer: the scope instance directly (CUPTI: resolved via correlations)
+  uint64_t thread = 0;       // host records (API calls, CPU tracer ops): the OS thread id (0: unknown)
+  uint32_t cbid = 0;         // API calls: CUPTI's callback id of the function
+  // Kernels, where CUPTI reports them (0: unknown): launch geometry and resources.
+  std::array<uint32_t, 3> grid{}, block{};
+  uint32_t registers_per_thread = 0;
+  uint32_t shared_memory_bytes = 0;  // static + dynamic
 };
+
+inline bool is_device_activity(ActivityKind kind) {
+  return kind == ActivityKind::kKernel || kind == ActivityKind::kMemcpy || kind == ActivityKind::kMemset;
+}
 
 // CUPTI correlation id -> our external id (a scope instance), from EXTERNAL_CORRELATION records.
 struct CorrelationRecord {
@@ -42,7 +66,8 @@ struct ScopeRecord {
   int32_t fqn = -1;         // index into TraceData::names
   Phase phase = Phase::kForward;
   int64_t step = 0;
-  uint32_t thread = 0;  // small per-process thread number
+  uint32_t thread = 0;     // small per-process thread number
+  uint64_t os_thread = 0;  // the OS thread id (os_thread_id(); 0: unknown)
   uint64_t begin_ns = 0, end_ns = 0;
   int64_t allocated_begin = -1, allocated_end = -1;  // caching-allocator bytes at open/close (-1: not probed)
 };
@@ -61,6 +86,7 @@ struct TraceData {
   std::vector<std::string> names;  // FQNs, indexed by ScopeRecord::fqn
   std::vector<GemmShapeRecord> gemms;
   uint64_t dropped_records = 0;
+  int64_t unix_minus_clock_ns = 0;    // Unix time minus the records' clock, read when they were taken (0: unknown)
   std::vector<std::string> degraded;  // why the trace is incomplete, for profile.json's settings.degraded
 };
 

@@ -110,6 +110,7 @@ uint64_t ScopeRecorder::open(int32_t fqn, Phase phase, uint64_t forward_of, cons
   r.phase = phase;
   r.step = step_;
   r.thread = thread_number();
+  r.os_thread = os_thread_id();
   r.forward_of = forward_of;
   r.begin_ns = tracer_ != nullptr ? tracer_->now_ns() : host_ns();
   if (allocated_bytes_ && is_forward(phase)) r.allocated_begin = allocated_bytes_();

@@ -14,6 +14,8 @@
 #include <set>
 
 #include "formats/json_io.h"
+#include "formats/numbers.h"
+#include "layout/pi05.h"
 #include "profiler/attribution.h"
 #include "profiler/cpu_tracer.h"
 #include "profiler/gemm_timing.h"
@@ -22,25 +24,17 @@
 
 #ifdef VLATUNE_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime_api.h>
 #endif
+#include <unistd.h>
 
 namespace vlatune::profiler {
 
 namespace {
 
+using formats::median;
+
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-const std::string kLm = "paligemma_with_expert.paligemma.model.language_model.layers.";
-const std::string kExpert = "paligemma_with_expert.gemma_expert.model.layers.";
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  return (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
-}
-
-bool starts_with(const std::string& s, const std::string& prefix) {
-  return s.compare(0, prefix.size(), prefix) == 0;
-}
 
 // Device memory through the caching allocator (CUDA only).
 struct Memory {
@@ -78,57 +72,10 @@ struct Memory {
   }
 };
 
-// A joint unit named by the expert branch stands for the backbone's name (one unit, two names).
-std::string canonical_unit(const std::string& fqn) {
-  if (!starts_with(fqn, kExpert)) return fqn;
-  const std::string rest = fqn.substr(kExpert.size());  // "i" | "i.self_attn" | "i.mlp"
-  const auto dot = rest.find('.');
-  if (dot == std::string::npos || rest.substr(dot) == ".self_attn") return kLm + rest;
-  return fqn;
-}
-
-bool unit_contains(const std::string& outer, const std::string& inner) {
-  const std::string o = canonical_unit(outer), i = canonical_unit(inner);
-  return starts_with(i, o + ".");
-}
-
-// A unit named by a merged GEMM ("<mlp>.gate_proj+up_proj", not a module): the module whose scope runs it ("<mlp>");
-// any other FQN: itself.
-std::string scope_module(const std::string& fqn) {
-  const auto dot = fqn.rfind('.');
-  if (dot == std::string::npos || fqn.find('+', dot) == std::string::npos) return fqn;
-  return fqn.substr(0, dot);
-}
-
-// Is module `fqn` recomputed under `selection`? (Inside a selected unit; joint units cover both branches; a merged
-// GEMM's unit covers its member Linears.)
+// Is module `fqn` recomputed under `selection`?
 bool covered(const std::string& fqn, const std::vector<std::string>& selection) {
-  for (const auto& sel : selection) {
-    if (scope_module(sel) != sel) {
-      const std::string parent = scope_module(sel), leaves = sel.substr(parent.size() + 1);
-      const auto dot = fqn.rfind('.');
-      if (dot == std::string::npos || fqn.substr(0, dot) != parent) continue;
-      const std::string leaf = fqn.substr(dot + 1);
-      for (size_t start = 0; start <= leaves.size();) {
-        const size_t plus = std::min(leaves.find('+', start), leaves.size());
-        if (leaves.compare(start, plus - start, leaf) == 0 && plus - start == leaf.size()) return true;
-        start = plus + 1;
-      }
-      continue;
-    }
-    const std::string s = canonical_unit(sel);
-    if (fqn == s || starts_with(fqn, s + ".")) return true;
-    if (starts_with(s, kLm)) {  // the expert half of a joint unit
-      const std::string rest = s.substr(kLm.size());
-      const auto dot = rest.find('.');
-      const bool layer = dot == std::string::npos, attention = !layer && rest.substr(dot) == ".self_attn";
-      if (layer || attention) {
-        const std::string twin = kExpert + rest;
-        if (fqn == twin || starts_with(fqn, twin + ".")) return true;
-      }
-    }
-  }
-  return false;
+  return std::any_of(selection.begin(), selection.end(),
+                     [&](const std::string& unit) { return layout::unit_covers(unit, fqn); });
 }
 
 std::string module_kind(const torch::nn::Module& m) {
@@ -175,6 +122,7 @@ class Session {
   void recompute_ab(formats::BatchProfile& b, const Timed& base);
   std::vector<formats::GemmEntry> gemm_inventory(const std::vector<GemmShapeRecord>& shapes);
   void measure_communication(const TraceData& trace);
+  TraceMetadata trace_metadata() const;  // for trace.json.gz: this process, its GPU, the world
 
   model::Pi05Impl& model_;
   const StepDriver& driver_;
@@ -279,6 +227,9 @@ formats::BatchProfile Session::profile_batch(int64_t batch, bool first, TraceDat
   TraceData trace;
   if (tracer) {
     tracer->take(&trace);
+    const auto unix_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch());
+    trace.unix_minus_clock_ns = static_cast<int64_t>(unix_ns.count()) - static_cast<int64_t>(tracer->now_ns());
     tracer->stop();
   }
   recorder.take(&trace);
@@ -299,7 +250,7 @@ formats::BatchProfile Session::profile_batch(int64_t batch, bool first, TraceDat
   int64_t params = 0;
   for (const auto& p : model_.parameters()) params += static_cast<int64_t>(p.nbytes());
   b.memory.parameter_bytes = params;
-  b.memory.gradient_bytes = params;  // one gradient per parameter, same dtype
+  b.memory.gradient_bytes = opt_.inference ? 0 : params;  // one gradient per parameter, same dtype
   if (driver_.optimizer_state_bytes) b.memory.optimizer_bytes = driver_.optimizer_state_bytes();
   if (memory_.cuda) {
     b.memory.activation_bytes = static_cast<int64_t>(activation_sum / static_cast<double>(opt_.steps));
@@ -318,6 +269,7 @@ formats::BatchProfile Session::profile_batch(int64_t batch, bool first, TraceDat
     for (const auto& x : trace.activities)
       if (x.start_ns <= cutoff) kept.activities.push_back(x);
     kept.gemms = trace.gemms;
+    kept.unix_minus_clock_ns = trace.unix_minus_clock_ns;
     *trace_out = std::move(kept);
   }
   log_ << "profile: batch " << batch << ": step " << std::fixed << std::setprecision(1) << b.step_ms
@@ -359,11 +311,10 @@ std::map<std::string, int64_t> Session::probe_output_bytes() {
   if (!memory_.cuda || !driver_.forward_only) return out;
   std::vector<std::string> coarse, fine;
   for (const auto& fqn : model_.recomputable_fqns()) {
-    if (starts_with(fqn, kExpert) && canonical_unit(fqn) != fqn) continue;  // the backbone name stands for it
-    if (scope_module(fqn) != fqn) continue;  // a merged GEMM's unit has no scope (plan: rows x N x 2 bytes)
-    const bool is_tower = fqn.size() >= 12 && fqn.compare(fqn.size() - 12, 12, "vision_tower") == 0;
-    const bool is_layer = starts_with(fqn, kLm) && fqn.find('.', kLm.size()) == std::string::npos;
-    (is_tower || is_layer ? coarse : fine).push_back(fqn);
+    if (layout::canonical_unit(fqn) != fqn) continue;        // the backbone name stands for it
+    if (!layout::merged_gemm_module(fqn).empty()) continue;  // no scope of its own (plan: rows x N x 2 bytes)
+    const std::string kind = layout::unit_kind(fqn);
+    (kind == "vision_tower" || kind == "decoder_layer" ? coarse : fine).push_back(fqn);
   }
   for (const auto* selection : {&coarse, &fine}) {
     model_.set_recompute(*selection);
@@ -387,15 +338,18 @@ std::map<std::string, int64_t> Session::probe_output_bytes() {
 }
 
 void Session::recompute_ab(formats::BatchProfile& b, const Timed& base) {
-  auto classes = recompute_classes(model_);
+  auto classes = layout::recompute_classes(model_.recomputable_fqns());
   for (const auto& extra : opt_.extra_candidates) classes.push_back(extra);
   const double base_ms = median(base.ms);
   std::set<std::string> ran;  // modules that ran (dead work skipped by skip_dead has no row)
   for (const auto& m : b.modules) ran.insert(m.fqn);
   for (auto [name, fqns] : classes) {
-    fqns.erase(
-        std::remove_if(fqns.begin(), fqns.end(), [&](const std::string& f) { return ran.count(scope_module(f)) == 0; }),
-        fqns.end());
+    fqns.erase(std::remove_if(fqns.begin(), fqns.end(),
+                              [&](const std::string& f) {
+                                const std::string module = layout::merged_gemm_module(f);
+                                return ran.count(module.empty() ? f : module) == 0;
+                              }),
+               fqns.end());
     if (fqns.empty()) continue;
     formats::RecomputeCandidate c;
     c.name = name;
@@ -407,7 +361,7 @@ void Session::recompute_ab(formats::BatchProfile& b, const Timed& base) {
       selection = fqns;
       for (const auto& s : baseline_) {
         const bool clash = std::any_of(fqns.begin(), fqns.end(), [&](const std::string& f) {
-          return f == s || unit_contains(f, s) || unit_contains(s, f);
+          return f == s || layout::unit_contains(f, s) || layout::unit_contains(s, f);
         });
         if (!clash) selection.push_back(s);
       }
@@ -442,7 +396,7 @@ std::vector<formats::GemmEntry> Session::gemm_inventory(const std::vector<GemmSh
   for (const auto& g : shapes) {
     formats::GemmEntry e;
     e.members = g.members;
-    e.name = gemm_inventory_name(g.members);
+    e.name = layout::gemm_inventory_name(g.members);
     e.m = g.m;
     e.k = g.k;
     e.n = g.n;
@@ -461,6 +415,36 @@ std::vector<formats::GemmEntry> Session::gemm_inventory(const std::vector<GemmSh
   return out;
 }
 
+TraceMetadata Session::trace_metadata() const {
+  TraceMetadata meta;
+  meta.process_id = ::getpid();
+  meta.host_ops = tracer_kind_ == "cpu";
+  meta.world_size = opt_.world_size;  // only rank 0 writes the trace
+  meta.backend = memory_.cuda ? "nccl" : "gloo";
+#ifdef VLATUNE_HAVE_CUDA
+  cudaDeviceProp prop{};
+  if (memory_.cuda && cudaGetDeviceProperties(&prop, memory_.device) == cudaSuccess) {
+    DeviceProperties d;
+    d.id = memory_.device;
+    d.name = prop.name;
+    d.total_global_mem = prop.totalGlobalMem;
+    d.compute_major = prop.major;
+    d.compute_minor = prop.minor;
+    d.max_threads_per_block = prop.maxThreadsPerBlock;
+    d.max_threads_per_multiprocessor = prop.maxThreadsPerMultiProcessor;
+    d.regs_per_block = prop.regsPerBlock;
+    d.regs_per_multiprocessor = prop.regsPerMultiprocessor;
+    d.warp_size = prop.warpSize;
+    d.shared_mem_per_block = prop.sharedMemPerBlock;
+    d.shared_mem_per_multiprocessor = prop.sharedMemPerMultiprocessor;
+    d.shared_mem_per_block_optin = prop.sharedMemPerBlockOptin;
+    d.num_sms = prop.multiProcessorCount;
+    meta.devices.push_back(d);
+  }
+#endif
+  return meta;
+}
+
 formats::Profile Session::run() {
   formats::Profile p;
   p.environment = opt_.environment;
@@ -477,7 +461,7 @@ formats::Profile Session::run() {
   }
 #endif
   for (const auto& fqn : model_.recomputable_fqns())
-    if (canonical_unit(fqn) == fqn) p.recomputable.push_back(fqn);
+    if (layout::canonical_unit(fqn) == fqn) p.recomputable.push_back(fqn);
 
   TraceData trace;
   double traced_ms = 0;
@@ -516,7 +500,7 @@ formats::Profile Session::run() {
     formats::write_profile(p, opt_.out_dir + "/profile.json");
     if (opt_.trace_steps > 0 && !trace.scopes.empty()) {
       const std::string written =
-          write_chrome_trace(chrome_trace(trace, memory_.cuda ? "GPU" : "CPU ops"), opt_.out_dir + "/trace.json.gz");
+          write_chrome_trace(chrome_trace(trace, trace_metadata()), opt_.out_dir + "/trace.json.gz");
       log_ << "profile: trace " << written << std::endl;
     }
     log_ << "profile: wrote " << opt_.out_dir << "/profile.json" << std::endl;
@@ -525,47 +509,6 @@ formats::Profile Session::run() {
 }
 
 }  // namespace
-
-std::string gemm_inventory_name(const std::vector<std::string>& members) {
-  if (members.empty()) return "";
-  const std::string& first = members[0];
-  if (members.size() == 1) return first;
-  const std::string parent = first.substr(0, first.rfind('.') + 1);  // "" for a top-level Linear
-  for (const std::string& m : members)
-    if (m.compare(0, parent.size(), parent) != 0 || m.find('.', parent.size()) != std::string::npos)
-      return first + "+" + std::to_string(members.size() - 1) + " more";
-  std::string name = parent;
-  for (size_t i = 0; i < members.size(); ++i) name += (i ? "+" : "") + members[i].substr(parent.size());
-  return name;
-}
-
-std::vector<std::pair<std::string, std::vector<std::string>>> recompute_classes(const model::Pi05Impl& model) {
-  std::vector<std::string> vit, attention, backbone_mlp, backbone_gate_up, expert_mlp, layers;
-  for (const auto& fqn : model.recomputable_fqns()) {
-    if (fqn.find("vision_model.encoder.layers.") != std::string::npos) {
-      vit.push_back(fqn);
-    } else if (starts_with(fqn, kLm)) {
-      const std::string rest = fqn.substr(kLm.size());
-      const auto dot = rest.find('.');
-      if (dot == std::string::npos)
-        layers.push_back(fqn);
-      else if (rest.substr(dot) == ".self_attn")
-        attention.push_back(fqn);
-      else if (rest.substr(dot) == ".mlp")
-        backbone_mlp.push_back(fqn);
-      else if (rest.substr(dot) == ".mlp.gate_proj+up_proj")
-        backbone_gate_up.push_back(fqn);
-    } else if (starts_with(fqn, kExpert) && fqn.size() > 4 && fqn.compare(fqn.size() - 4, 4, ".mlp") == 0) {
-      expert_mlp.push_back(fqn);
-    }
-  }
-  return {{"vit_layers", vit},
-          {"joint_attention", attention},
-          {"backbone_mlp", backbone_mlp},
-          {"backbone_mlp_gate_up", backbone_gate_up},
-          {"expert_mlp", expert_mlp},
-          {"decoder_layers", layers}};
-}
 
 formats::Profile run_profile(model::Pi05Impl& model, const StepDriver& driver, const ProfileOptions& options,
                              std::ostream& log) {

@@ -55,21 +55,13 @@ struct ProfileOptions {
   // gradient groups in launch order (GradBuckets::groups(): name, bytes).
   int world_size = 1;
   std::vector<CommGroupInfo> comm_groups;
+  // The steps are inference calls (`vlatune profile --inference`: one sampled action chunk each): no gradients,
+  // so memory.gradient_bytes is 0.
+  bool inference = false;
 };
 
 // Runs the whole session and writes out_dir/profile.json (and the trace). Progress lines go to `log`.
 formats::Profile run_profile(model::Pi05Impl& model, const StepDriver& driver, const ProfileOptions& options,
                              std::ostream& log);
-
-// Recompute candidate classes of the model: name -> recomputable FQNs ("vit_layers", "joint_attention",
-// "backbone_mlp", "backbone_mlp_gate_up" (each backbone MLP's merged gate+up output), "expert_mlp",
-// "decoder_layers"). Joint attention covers both branches (one attention over prefix and suffix), so the issue's
-// "backbone attention" and "expert attention" are one class here.
-std::vector<std::pair<std::string, std::vector<std::string>>> recompute_classes(const model::Pi05Impl& model);
-
-// The GEMM inventory's name of a GEMM run by `members` (Linear FQNs in output-column order): the FQN of a single
-// Linear; "parent.q_proj+k_proj+v_proj" for members of one parent module; "first+N more" for members of several
-// modules (the expert's adaRMS modulations, one GEMM over every norm's dense Linear).
-std::string gemm_inventory_name(const std::vector<std::string>& members);
 
 }  // namespace vlatune::profiler

@@ -52,7 +52,16 @@ void environment_differences(const CheckSubject& b, const CheckSubject& c, bool 
   add(timing, "driver", or_null(eb.driver), or_null(ec.driver));
   add(timing, "cuda", or_null(eb.cuda), or_null(ec.cuda));
   add(timing, "torch", eb.torch, ec.torch);
-  add(timing, "recipe_hash", eb.recipe_hash, ec.recipe_hash);
+  if (eb.recipe_hash != ec.recipe_hash) {
+    std::string keys;
+    if (b.recipe && c.recipe)
+      for (const std::string& d : formats::recipe_differences(*b.recipe, *c.recipe))
+        keys += (keys.empty() ? "" : "; ") + d;
+    timing.push_back("recipe_hash: " + eb.recipe_hash + " vs " + ec.recipe_hash + " (" +
+                     (keys.empty() ? std::string("no recipe.json beside both runs: the keys cannot be named")
+                                   : "keys that differ: " + keys) +
+                     ")");
+  }
   // What the model computes: never comparable across these.
   add(blocking, "config", eb.config, ec.config);
   add(blocking, "world_size", std::to_string(eb.world_size), std::to_string(ec.world_size));
@@ -255,8 +264,20 @@ CheckSubject read_check_subject(const std::string& path) {
   if (!j.is_object()) root.fail("expected a run.json or profile.json object, got " + formats::describe_json(j));
   const formats::JsonCursor schema = root.at("schema");
   const std::string name = schema.get_string();
-  if (name == formats::kRunSchema) return subject_from_run(formats::parse_run_record(j, file), file);
-  if (name == formats::kProfileSchema) return subject_from_profile(formats::parse_profile(j, file), file);
+  if (name == formats::kRunSchema) {
+    CheckSubject s = subject_from_run(formats::parse_run_record(j, file), file);
+    const size_t slash = file.rfind('/');
+    const std::string recipe = (slash == std::string::npos ? std::string() : file.substr(0, slash + 1)) + "recipe.json";
+    struct stat st {};
+    if (::stat(recipe.c_str(), &st) == 0) s.recipe = formats::read_recipe(recipe);
+    return s;
+  }
+  if (name == formats::kProfileSchema) {
+    const formats::Profile profile = formats::parse_profile(j, file);
+    CheckSubject s = subject_from_profile(profile, file);
+    s.recipe = profile.recipe;
+    return s;
+  }
   schema.fail(std::string("expected \"") + formats::kRunSchema + "\" (run.json) or \"" + formats::kProfileSchema +
               "\" (profile.json), got " + formats::describe_json(schema.value()));
 }

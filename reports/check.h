@@ -42,6 +42,9 @@ struct CheckSubject {
   std::vector<double> step_ms;  // timing samples, warm-up already dropped
   int64_t batch = 0;            // samples per optimizer step
   formats::Environment environment;
+  // The recipe it ran (a run directory's recipe.json beside run.json, a profile's own), to name the keys behind a
+  // recipe_hash difference; unset when there is none.
+  std::optional<formats::Recipe> recipe;
   // Numerics (runs only; empty for profiles).
   bool has_numerics = false;
   std::vector<double> loss, grad_norm;  // per step; NaN = non-finite

@@ -1,29 +1,15 @@
-// Locale-independent, deterministic number formatting shared by the check text, the HTML and the SVG
-// (golden outputs: the same input gives the same bytes on every machine).
+// Number formatting of the check text, the HTML and the SVG: formats/numbers.h's fixed-decimal text, and p-values.
 #pragma once
 
-#include <cmath>
 #include <cstdio>
 #include <string>
 
+#include "formats/numbers.h"
+
 namespace vlatune::reports {
 
-// x with `digits` decimals ("-0.00" is written "0.00"); non-finite values as "nan", "inf", "-inf".
-inline std::string fixed(double x, int digits) {
-  if (std::isnan(x)) return "nan";
-  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, x);
-  std::string s(buf);
-  if (s[0] == '-' && s.find_first_not_of("-0.") == std::string::npos) s.erase(0, 1);
-  return s;
-}
-
-// Signed percentage: "+4.03%", "-0.50%".
-inline std::string signed_pct(double pct, int digits = 2) {
-  const std::string s = fixed(pct, digits);
-  return (s[0] == '-' || s == "nan" ? "" : "+") + s + "%";
-}
+using formats::fixed;
+using formats::signed_pct;
 
 // A p-value readable at any size: "0.0312", "1.2e-07".
 inline std::string p_value_text(double p) {

@@ -145,14 +145,14 @@ std::string predicted_section(const formats::Recipe& r, const std::vector<Measur
     }
     for (const auto& m : measured) {
       const auto& v = m.*field;
-      const std::string err = pred && v && *v != 0 ? signed_pct((*pred / *v - 1) * 100, 1) : "-";
+      const std::string err = pred && v && *v != 0 ? formats::prediction_versus_measured(*pred, *v) : "-";
       rows.push_back({name, opt_number(pred, digits), opt_number(v, digits), err, m.source});
     }
   };
   row("step time (ms)", p.step_ms, &Measured::step_ms, 1);
   row("peak memory (GiB)", p.peak_gib, &Measured::peak_gib, 2);
   row("throughput (samples/s)", p.samples_per_s, &Measured::samples_per_s, 2);
-  return html_table({"quantity", "predicted", "measured", "prediction error", "measured by"}, rows, 1) +
+  return html_table({"quantity", "predicted", "measured", "prediction vs measured", "measured by"}, rows, 1) +
          (measured.empty() ? note("No runs given (--run): nothing measured to compare with.") : std::string());
 }
 
@@ -242,6 +242,36 @@ size_t smoothing_window(size_t n) {
   return std::clamp<size_t>(n / 20, 5, 101) | 1;
 }
 
+// Held-out evaluation rows (`vlatune train --eval-data`): their loss as one more series of the loss chart per run,
+// and a chart of the sampled chunks' action error. Nothing when no run has them.
+void add_eval_series(const std::vector<ReportRun>& runs, svg::LineChart& loss, std::string& html) {
+  svg::LineChart error;
+  error.title = "Held-out action error over steps";
+  error.x_label = "optimizer step";
+  error.y_label = "mean |sampled - true| (real units)";
+  error.y_from_zero = true;
+  for (const auto& rr : runs) {
+    if (rr.eval.empty()) continue;
+    svg::Series l, e;
+    l.name = e.name = rr.name + " (held-out)";
+    for (const auto& row : rr.eval) {
+      l.x.push_back(static_cast<double>(row.step));
+      l.y.push_back(row.loss);
+      e.x.push_back(static_cast<double>(row.step));
+      e.y.push_back(row.action_mae);
+    }
+    loss.series.push_back(std::move(l));
+    error.series.push_back(std::move(e));
+  }
+  if (error.series.empty()) return;
+  html += svg::line_chart(error) +
+          note(
+              "Held-out rows of metrics.jsonl (vlatune train --eval-data): the flow-matching loss on held-out "
+              "batches with noise and time from a fixed seed, plotted beside the training loss, and the mean "
+              "absolute error of sampled action chunks against the true ones, un-normalized with the dataset's "
+              "norm stats (vlatune eval computes the same numbers).");
+}
+
 std::string runs_section(const std::vector<ReportRun>& runs) {
   svg::LineChart thr;
   thr.title = "Throughput over steps";
@@ -269,12 +299,15 @@ std::string runs_section(const std::vector<ReportRun>& runs) {
     loss.series.push_back(run_series(runs[i], false));
     any_metrics = any_metrics || !runs[i].metrics.empty();
   }
+  std::string eval_html;
+  add_eval_series(runs, loss, eval_html);
+  if (!eval_html.empty()) loss.title = "Training and held-out loss over steps";
   std::string html = runs_table(runs) + svg::line_chart(thr) +
                      note(
                          "Throughput: faint lines are every step's samples/s; solid lines their rolling median over "
                          "about 5% of the run's steps (5 to 101 steps), so single slow steps (a checkpoint, a data "
                          "stall) neither hide the level nor vanish.") +
-                     data_wait_chart(runs) + svg::line_chart(loss);
+                     data_wait_chart(runs) + svg::line_chart(loss) + eval_html;
   html +=
       note(any_metrics ? "Curves from metrics.jsonl (every step, warm-up included) where the run directory has one; "
                          "otherwise from run.json (steps after warm-up). Data wait: the time each step waited for "
@@ -335,7 +368,11 @@ ReportRun read_report_run(const std::string& path) {
   }
   rr.run = formats::read_run_record(rr.file);
   if (!dir.empty()) {
-    if (is_file(dir + "/metrics.jsonl")) rr.metrics = formats::read_metrics(dir + "/metrics.jsonl");
+    if (is_file(dir + "/metrics.jsonl")) {
+      formats::MetricsLog log = formats::read_metrics_log(dir + "/metrics.jsonl");
+      rr.metrics = std::move(log.train);
+      rr.eval = std::move(log.eval);
+    }
     if (is_file(dir + "/recipe.json")) rr.recipe = formats::read_recipe(dir + "/recipe.json");
   }
   return rr;

@@ -6,7 +6,8 @@
 //   recipe:  settings, the candidate recipes the tuner considered (memory vs step time), every decision with its
 //            reason, predicted vs measured (measured = the runs, else the profile)
 //   runs:    summary table (precision and median data wait included), throughput (every step, faint, and its
-//            rolling median), data-loader wait and loss over steps
+//            rolling median), data-loader wait and loss over steps; with held-out evaluation rows in metrics.jsonl,
+//            their loss beside the training loss and their action error
 // The candidate convention (what the tuner emits so the trade-off plot finds it) is in reports/README.md.
 #pragma once
 
@@ -27,6 +28,7 @@ struct ReportRun {
   formats::RunRecord run;
   std::vector<formats::MetricsRow> metrics;  // every step (warm-up included) when metrics.jsonl was found
   std::optional<formats::Recipe> recipe;     // the run's recipe.json, when its directory has one
+  std::vector<formats::EvalRow> eval;        // metrics.jsonl's held-out evaluation rows
 };
 
 struct ReportInput {

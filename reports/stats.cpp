@@ -45,17 +45,6 @@ double exact_upper_tail(size_t m, size_t n, size_t u) {
 
 }  // namespace
 
-double median(std::vector<double> values) {
-  values.erase(std::remove_if(values.begin(), values.end(), [](double x) { return !std::isfinite(x); }), values.end());
-  if (values.empty()) return std::nan("");
-  const size_t mid = values.size() / 2;
-  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid), values.end());
-  const double hi = values[mid];
-  if (values.size() % 2 == 1) return hi;
-  const double lo = *std::max_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid));
-  return 0.5 * (lo + hi);
-}
-
 std::vector<double> rolling_median(const std::vector<double>& values, size_t window) {
   const size_t half = std::max<size_t>(window, 1) / 2;
   std::vector<double> out(values.size());

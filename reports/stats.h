@@ -1,5 +1,5 @@
 // The statistics of `vlatune check`: pure functions on samples, unit-tested on synthetic data
-// (tests/core/test_reports_stats.cpp). No I/O, no formats.
+// (tests/core/test_reports_stats.cpp). No I/O.
 //
 // Timing is compared as distributions (anchors §5.5): a two-sided Mann-Whitney U test (Google Benchmark's
 // tools/compare.py uses the same test, α = 0.05, and asks for >= 9 repetitions) AND a practical threshold on the
@@ -10,10 +10,11 @@
 #include <cstddef>
 #include <vector>
 
+#include "formats/numbers.h"
+
 namespace vlatune::reports {
 
-// Median of the finite values (NaN when there are none). The input is copied, not reordered.
-double median(std::vector<double> values);
+using formats::median;  // of the finite values (NaN when there are none)
 
 // Centered rolling median: out[i] is the median of the finite values among values[i - w/2 .. i + w/2] (clipped at
 // the ends; NaN when there are none). Robust to the single slow steps (a checkpoint, a data stall) that a moving

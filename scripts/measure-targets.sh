@@ -3,11 +3,11 @@
 # vlatune-vs-reference pair (the comparisons stay on one GPU), then the gates and the plan validation.
 #
 #   GPU 0: GPU tests (--tests SPEC); reference compiled bf16; vlatune train bf16 (default recipe, no trimming); the H200
-#          perf-gate baseline and one gate run against it (issue 9).
+#          perf-gate baseline and one gate run against it.
 #   GPU 1: reference compiled FP8; vlatune train with recipes/pi05_libero_h200_fp8.json; an FP8 profile (GEMM
 #          share of the step); the FP8 numerics gate (bf16 vs FP8, same seed and data, 200 steps at batch 16 with
 #          the peak learning rate reached after 20 steps, so that the loss curve moves; `check --numerics
-#          --curve-loss-only`); the plan grid (--grid DIR: scripts/plan-grid.sh, issue 6).
+#          --curve-loss-only`); the plan grid (--grid DIR: scripts/plan-grid.sh).
 #
 # From the development machine:
 #   bash scripts/pack-deps.sh && mkdir -p .ref && cp /path/to/pi05_torch_reference.py .ref/   (the PyTorch reference, kept outside this repository)

@@ -31,7 +31,7 @@
 #          --nccl-env LIST (semicolon-separated settings, each one or more space-separated VAR=VALUE, to try one at a
 #          time on NVLink with the planned groups, e.g. "NCCL_PROTO=Simple;TORCH_NCCL_HIGH_PRIORITY=1"),
 #          --nvlink-only (train: 1 GPU and the NVLink runs; no one-bucket or host-memory runs),
-#          --nproc N (default 2: the data-parallel runs, the profile and the plan use N GPUs; issue 11's eight-GPU run
+#          --nproc N (default 2: the data-parallel runs, the profile and the plan use N GPUs; the eight-GPU run
 #          is `--nproc 8` on `nvidia-h200-x8`). With N other than 2, the profile and the plan run first, and the
 #          "planned" runs train the recipe just planned for N GPUs at batch 32 ($OUT/plan_worldN.json) instead of
 #          the shipped two-GPU one. The rank-kill check and the test cases stay at two ranks.
@@ -147,7 +147,7 @@ profile_and_plan() {
   local t rc
   t=$(date +%s)
   # --dist-timeout covers the other ranks waiting at the final barrier while rank 0 alone times the GEMMs.
-  timeout -k 10 240 "$bin" launch --nproc "$nproc" -- profile --config full --batch 32 --steps 3 --warmup 1 \
+  timeout -k 10 240 "$bin" launch --nproc "$nproc" -- profile --config full --data synthetic --batch 32 --steps 3 --warmup 1 \
     --timed-steps 3 --trace-steps 1 --ab-steps 0 --gemm-reps 2 --dist-timeout 200 --out "$prof" \
     >"$out/profile.log" 2>&1
   rc=$?

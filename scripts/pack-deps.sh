@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Unpacks the header-only dependencies (nlohmann-json, CLI11, Catch2) and Google Benchmark (its library)
-# from their Debian packages, and cudnn_frontend's headers from the venv, into .deps/ (ignored), for the GPU
-# machine, which has no package access. Also:
+# Unpacks the header-only dependencies (nlohmann-json, CLI11, Catch2), Google Benchmark (its library), protobuf
+# (headers, protoc, static protobuf-lite) and ISA-L from their Debian packages, and cudnn_frontend's headers from
+# the venv, into .deps/ (ignored), for the GPU machine, which has no package access. Also:
 #   .deps/ffmpeg/         a minimal shared FFmpeg (avformat/avcodec/swscale/avutil: mov/mp4, H.264/HEVC/PNG/MJPEG
 #                         decode, AV1 via libdav1d, libsvtav1/libx264/png encode) built from Debian's own ffmpeg
 #                         source package (same 5.1.x as libavcodec-dev), with libdav1d/libSvtAv1Enc/libx264 copied
@@ -15,7 +15,10 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 dest="$root/.deps"
-pkgs=(nlohmann-json3-dev libcli11-dev catch2 libbenchmark-dev libbenchmark1debian)
+# protobuf: headers, protoc (with the libraries it runs on) and the static protobuf-lite that the TensorBoard
+# event-file writer links; ISA-L: its CRC32C (a shared library, found through the binary's build RPATH).
+pkgs=(nlohmann-json3-dev libcli11-dev catch2 libbenchmark-dev libbenchmark1debian
+      libprotobuf-dev protobuf-compiler libprotoc32 libprotobuf32 libprotobuf-lite32 libisal-dev libisal2)
 # cudnn_frontend's headers (header-only) from the venv scripts/setup.sh filled; the GPU machine has cuDNN itself.
 pack_frontend() {
   local python site
@@ -179,12 +182,15 @@ pack_sentencepiece() {
 
 mkdir -p "$dest"
 [ -f "$dest/cudnn_frontend/include/cudnn_frontend.h" ] || pack_frontend
-if [ ! -f "$dest/.complete" ]; then
+# The marker holds the package list it was made from: a longer list redoes this part.
+if [ "$(cat "$dest/.complete" 2>/dev/null || true)" != "${pkgs[*]}" ]; then
   rm -rf "$dest/debs" "$dest/root"; mkdir -p "$dest/debs" "$dest/root"
   (cd "$dest/debs" && apt-get download "${pkgs[@]}" >/dev/null 2>&1)
   for deb in "$dest"/debs/*.deb; do dpkg -x "$deb" "$dest/root"; done
-  rm -rf "$dest/debs" "$dest/root/usr/share/doc" "$dest/root/usr/share/man"
-  touch "$dest/.complete"
+  # Only protobuf-lite is linked: the full static library (7 MB) stays behind.
+  rm -rf "$dest/debs" "$dest/root/usr/share/doc" "$dest/root/usr/share/man" \
+         "$dest/root/usr/lib/$multiarch/libprotobuf.a"
+  echo "${pkgs[*]}" >"$dest/.complete"
   echo "pack-deps: $(du -sh "$dest" | cut -f1) in $dest"
 fi
 # `if`, not `||`: set -e stays in force inside the functions. FFmpeg's marker holds the Debian version it was built

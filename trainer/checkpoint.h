@@ -2,47 +2,61 @@
 //   model.safetensors      every parameter under its openpi FQN (loadable by `--init-weights`)
 //   optimizer.safetensors  AdamW moments (and fp32 master weights)          [OptimizerState::tensors]
 //   ema.safetensors        EMA weights, when EMA is on
-//   state.json             schema "vlatune.checkpoint/1": the step to run next, optimizer scalars, data
-//                          position, schedule and run settings (whatever the trainer puts in `trainer_state`)
-// Written atomically: everything goes into a hidden temporary directory, each file fsync'ed, then one rename()
-// makes the checkpoint appear whole. A crash leaves either the previous set or the new one, never half of one.
-// Only the newest `keep_last` checkpoints are kept.
+//   state.json             formats/checkpoint_state.h: the run that wrote it, the step to run next, optimizer
+//                          scalars, data position, schedule, and the XXH64 of each tensor file
+// Written atomically: everything goes into a hidden temporary directory (.step_<8 digits>.tmp), each file fsync'ed,
+// then one rename() makes the checkpoint appear whole. A crash leaves either the previous set or the new one, never
+// half of one; the temporary directory it leaves is removed when the run resumes.
+// Pruning removes only checkpoints that carry the run's own run_id, and of them only the files their state.json
+// names: never another run's data, never through a symbolic link. A checkpoint is renamed back to a temporary
+// name before its files go, so one half removed is never taken for a checkpoint.
 #pragma once
 
 #include <torch/torch.h>
-#include <nlohmann/json.hpp>
 
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "formats/checkpoint_state.h"
 #include "trainer/optimizer.h"
 
 namespace vlatune::trainer {
 
-inline constexpr const char* kCheckpointSchema = "vlatune.checkpoint/1";
-
 struct CheckpointContents {
-  int64_t next_step = 0;                                    // the first step a resumed run executes
-  OptimizerState optimizer;                                 // tensors + scalars + precision
-  std::vector<std::pair<std::string, torch::Tensor>> ema;   // empty: no EMA
-  nlohmann::json trainer_state = nlohmann::json::object();  // data position, schedule, settings, counters
+  OptimizerState optimizer;                                // tensors + scalars + precision
+  std::vector<std::pair<std::string, torch::Tensor>> ema;  // empty: no EMA
+  // run_id, next_step and the trainer's fields; write_checkpoint fills optimizer, ema and files from the above.
+  formats::CheckpointState state;
 };
 
-// Writes checkpoint `contents.next_step` of `model` under run_dir/checkpoints and prunes older ones beyond
-// `keep_last` (>= 1). Returns the checkpoint directory. Throws std::runtime_error naming the path on I/O errors.
+// Writes checkpoint `contents.state.next_step` of `model` under run_dir/checkpoints (replacing one of the same step
+// that the same run wrote) and returns its directory. Throws std::runtime_error naming the path on I/O errors.
 std::string write_checkpoint(const std::string& run_dir, const torch::nn::Module& model,
-                             const CheckpointContents& contents, int keep_last);
+                             const CheckpointContents& contents);
 
-// The newest complete checkpoint directory of run_dir, if any.
+// Removes the oldest checkpoints of run `run_id` beyond the newest `keep_last` (>= 1). A removal that fails is not
+// an error: it comes back as a warning line naming the path and the reason.
+std::vector<std::string> prune_checkpoints(const std::string& run_dir, const std::string& run_id, int keep_last);
+
+// Removes a checkpoint's temporary directory (.step_N.tmp being written, .step_N.removing.tmp being removed): the
+// files a checkpoint write makes and their temporaries, then the directory; anything else in it is left in place
+// with the directory. Returns one warning line per failure (none: the directory is gone).
+std::vector<std::string> remove_checkpoint_temporary(const std::string& dir);
+
+// Checkpoint directories of run_dir (step_<8 digits> directories, not links, holding a state.json), oldest first.
+std::vector<std::string> list_checkpoints(const std::string& run_dir);
+// The newest of them, if any.
 std::optional<std::string> latest_checkpoint(const std::string& run_dir);
 
-// Reads a checkpoint directory: loads model.safetensors into `model` (strict: every name and shape must match)
-// and returns the rest. Tensors come back on the CPU. Errors name the file and the problem.
-CheckpointContents read_checkpoint(const std::string& checkpoint_dir, torch::nn::Module& model);
+// Reads a checkpoint directory: state.json (strict, then checked against `expected`), the checksum of every tensor
+// file, then model.safetensors into `model` (strict: every name and shape must match) and the rest. Tensors come
+// back on the CPU. Errors: formats::FormatError naming the file and what is wrong.
+CheckpointContents read_checkpoint(const std::string& checkpoint_dir, torch::nn::Module& model,
+                                   const formats::CheckpointExpectations& expected);
 
-// Checkpoint directories of run_dir, oldest first.
-std::vector<std::string> list_checkpoints(const std::string& run_dir);
+// "xxh64:<16 hex digits>" of a file's bytes (trainer/checksum.h). Throws std::runtime_error naming the file.
+std::string file_checksum(const std::string& path);
 
 }  // namespace vlatune::trainer

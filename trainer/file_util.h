@@ -1,6 +1,6 @@
 // The few file-system operations the data code needs, on POSIX calls. Not std::filesystem: libtorch.so exports
 // its own copies of ~140 std::filesystem functions built against another libstdc++, and in a process that
-// links torch those win symbol resolution (tests/torch/test_safetensors.cpp saw remove_all jump to address 0).
+// links torch those win symbol resolution (tests/torch/test_model_safetensors.cpp saw remove_all jump to address 0).
 #pragma once
 
 #include <string>

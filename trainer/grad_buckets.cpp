@@ -17,8 +17,9 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include "formats/fqn_pattern.h"
+#include "layout/pi05.h"
 #include "profiler/scope.h"
-#include "tuner/pi05_layout.h"
 
 namespace vlatune::trainer {
 
@@ -28,7 +29,7 @@ const std::string kCommScopeName = profiler::kCommScope;  // scopes keep a refer
 
 std::vector<GroupModules> default_group_modules(const std::vector<std::string>& module_fqns) {
   std::vector<GroupModules> out;
-  for (const tuner::GroupPiece& piece : tuner::group_pieces(module_fqns)) {
+  for (const layout::GroupPiece& piece : layout::group_pieces(module_fqns)) {
     if (out.empty() || out.back().name != piece.unit) out.push_back({piece.unit, {}});
     out.back().modules.insert(out.back().modules.end(), piece.roots.begin(), piece.roots.end());
   }
@@ -38,7 +39,7 @@ std::vector<GroupModules> default_group_modules(const std::vector<std::string>& 
 std::vector<GroupModules> backward_ordered(std::vector<GroupModules> groups) {
   auto last_key = [](const GroupModules& g) {
     std::vector<long> best;
-    for (const std::string& m : g.modules) best = std::max(best, tuner::forward_order_key(m));
+    for (const std::string& m : g.modules) best = std::max(best, layout::forward_order_key(m));
     return best;
   };
   std::stable_sort(groups.begin(), groups.end(),
@@ -55,7 +56,7 @@ std::vector<BucketAssignment> assign_parameters(const std::vector<std::string>& 
     int owner = -1;
     for (size_t g = 0; g < groups.size(); ++g) {
       const bool inside = std::any_of(groups[g].modules.begin(), groups[g].modules.end(),
-                                      [&](const std::string& m) { return tuner::fqn_within(param_names[p], m); });
+                                      [&](const std::string& m) { return formats::fqn_within(param_names[p], m); });
       if (!inside) continue;
       if (owner >= 0)
         throw std::invalid_argument("parameter " + param_names[p] + " is in two groups: '" + groups[owner].name +

@@ -11,8 +11,8 @@
 //             tensors). Gradients never overlap, so no memory is reduced twice: AccumulateGrad keeps an incoming
 //             gradient only when nothing else references it (else it copies), so two .grad tensors share memory
 //             only as disjoint views of one gradient (a cat's backward); the merged QKV / gate+up weights, views of
-//             one packed buffer, get separate gradients from kernels/fused_autograd.cpp. Groups are launched in one
-//             fixed order on every rank (backward order: heads.out, layer.N-1 .. layer.0, heads.in, vision, then
+//             one packed buffer, get separate gradients from kernels/merged_linear_autograd.cpp. Groups are launched in
+//             one fixed order on every rank (backward order: heads.out, layer.N-1 .. layer.0, heads.in, vision, then
 //             "<rest>" for parameters no group names), so collectives always match across ranks.
 //   row-sparse  A parameter in options.row_sparse (the token embedding: its gradient is non-zero only in the rows
 //             of the ids looked up this step, the LM head being unused) is reduced apart from its group's other
@@ -73,11 +73,11 @@ struct GroupModules {
 };
 
 // The default grouping of DESIGN.md, one group per named unit, in backward order, over the model's module FQNs
-// (tuner/pi05_layout.h group_pieces, merged by unit).
+// (layout/pi05.h group_pieces, merged by unit).
 std::vector<GroupModules> default_group_modules(const std::vector<std::string>& module_fqns);
 
 // Recipe groups (any order) sorted into backward order: by the forward position of each group's last module,
-// latest first (tuner/pi05_layout.h forward_order_key).
+// latest first (layout/pi05.h forward_order_key).
 std::vector<GroupModules> backward_ordered(std::vector<GroupModules> groups);
 
 struct BucketAssignment {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "formats/json_cursor.h"
+#include "formats/json_io.h"
 
 namespace vlatune::trainer {
 
@@ -100,6 +101,20 @@ void normalize_quantile(float* values, int64_t rows, int64_t dim, const Quantile
   }
 }
 
+void unnormalize_quantile(float* values, int64_t rows, int64_t dim, const QuantileStats& stats) {
+  const auto n = static_cast<int64_t>(stats.q01.size());
+  if (stats.q99.size() != stats.q01.size() || n > dim)
+    throw std::invalid_argument("unnormalize_quantile: statistics for " + std::to_string(n) + " dims (q99: " +
+                                std::to_string(stats.q99.size()) + ") do not fit rows of " + std::to_string(dim));
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = values + r * dim;
+    for (int64_t d = 0; d < n; ++d) {
+      const double lo = stats.q01[d], hi = stats.q99[d];
+      row[d] = static_cast<float>((row[d] + 1.0) / 2.0 * (hi - lo + 1e-6) + lo);
+    }
+  }
+}
+
 nlohmann::json quantile_stats_to_json(const QuantileStats& stats) {
   // Stored as the doubles the floats convert to exactly; nlohmann prints the shortest round-trip form.
   auto as_json = [](const std::vector<float>& v) {
@@ -116,6 +131,26 @@ nlohmann::json quantile_stats_to_json(const QuantileStats& stats) {
 nlohmann::json norm_stats_file_json(const NormStats& stats) {
   return {{"norm_stats",
            {{"actions", quantile_stats_to_json(stats.actions)}, {"state", quantile_stats_to_json(stats.state)}}}};
+}
+
+NormStats read_norm_stats_file(const std::string& path) {
+  const nlohmann::json j = formats::read_json_file(path);
+  const formats::JsonCursor root(j, path);
+  root.expect_object({"norm_stats"});
+  const formats::JsonCursor stats = root.at("norm_stats");
+  stats.expect_object({"actions", "state"});
+  auto read = [&](const char* key) {
+    const formats::JsonCursor entry = stats.at(key);
+    entry.expect_object({"q01", "q99", "mean", "std"});
+    const formats::JsonCursor q01 = entry.at("q01");
+    const size_t dim = q01.expect_array();
+    if (dim == 0) q01.fail("expected at least one value");
+    return read_quantile_stats(entry, static_cast<int64_t>(dim));
+  };
+  NormStats out;
+  out.actions = read("actions");
+  out.state = read("state");
+  return out;
 }
 
 QuantileStats read_quantile_stats(const formats::JsonCursor& cursor, int64_t dim) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -45,11 +46,20 @@ QuantileStats compute_norm_stats(const std::vector<float>& values, int64_t dim, 
 // when the statistics have more dims than a row or q01/q99 differ in length.
 void normalize_quantile(float* values, int64_t rows, int64_t dim, const QuantileStats& stats);
 
+// The inverse of normalize_quantile (openpi's Unnormalize): x = (x~ + 1) / 2 * (q99 - q01 + 1e-6) + q01 on dims
+// [0, stats.q01.size()), in double, rounded to float once; other dims pass through. Same errors.
+void unnormalize_quantile(float* values, int64_t rows, int64_t dim, const QuantileStats& stats);
+
 // The manifest form: {"q01": [...], "q99": [...]} plus "mean" and "std" when present. Floats are written with
 // enough digits to round-trip.
 nlohmann::json quantile_stats_to_json(const QuantileStats& stats);
 // openpi's norm_stats.json (its assets layout): {"norm_stats": {"actions": {...}, "state": {...}}}.
 nlohmann::json norm_stats_file_json(const NormStats& stats);
+
+// Reads openpi's norm_stats.json (norm_stats_file_json's layout; what a run writes to final/): "actions" and
+// "state" each with q01 and q99 (mean and std optional) of one length per entry, at least one dim. FormatError
+// naming the file and the JSON path.
+NormStats read_norm_stats_file(const std::string& path);
 
 // Validating reader: q01 and q99 (mean and std optional, both or neither), finite numbers, `dim` entries each
 // (FormatError with the JSON path).

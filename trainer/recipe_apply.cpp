@@ -5,6 +5,7 @@
 
 #include "formats/fqn_pattern.h"
 #include "formats/json_error.h"
+#include "trainer/train_loop.h"
 
 namespace vlatune::trainer {
 
@@ -15,37 +16,80 @@ std::vector<std::string> module_fqns(const torch::nn::Module& model) {
 }
 
 namespace {
-// `inner` is `outer` or lies inside it (segment-wise prefix).
-bool fqn_nested(const std::string& inner, const std::string& outer) {
-  return inner == outer ||
-         (inner.size() > outer.size() && inner.compare(0, outer.size(), outer) == 0 && inner[outer.size()] == '.');
+int64_t override_size(const char* flag, int64_t value) {
+  if (value < 1 || value > (int64_t{1} << 20))
+    throw TrainInputError(std::string(flag) + ": expected an integer in 1..1048576, got " + std::to_string(value));
+  return value;
 }
+
+std::string override_choice(const char* flag, const std::string& value, const char* a, const char* b) {
+  if (value != a && value != b)
+    throw TrainInputError(std::string(flag) + ": expected " + a + " or " + b + ", got '" + value + "'");
+  return value;
+}
+
 }  // namespace
 
-AppliedRecipe apply_recipe(const formats::Recipe& recipe, const std::string& file, model::Pi05Impl& model,
-                           int world_size) {
+AppliedRecipe apply_recipe(const formats::Recipe& recipe, const std::string& file, const RecipeContext& context,
+                           const ModelBuilder& build_model) {
   AppliedRecipe out;
-  // 1. Data: exact shortcuts on the batch.
-  out.num_images = recipe.data.num_images;
-  out.forward.prune_slots = true;  // empty slots never reach the loss (exact); num_images only caps the slots
-  out.forward.trim_text = recipe.data.trim_text;
-  out.forward.trim_multiple = recipe.data.trim_multiple;
+  formats::Recipe& effective = out.effective;
+  effective = recipe;
+  const RecipeOverrides& flags = context.overrides;
 
-  // 2. Model options.
-  out.forward.skip_dead = recipe.model_options.skip_dead;
-  out.forward.attention = recipe.model_options.attention == formats::Attention::kMaterialized
+  // 1. Batch.
+  if (flags.micro_batch) effective.batch.micro_batch = static_cast<int>(override_size("--batch", *flags.micro_batch));
+  if (flags.grad_accum) effective.batch.grad_accum = static_cast<int>(override_size("--grad-accum", *flags.grad_accum));
+  out.micro_batch = effective.batch.micro_batch;
+  out.grad_accum = effective.batch.grad_accum;
+
+  // 2. Data: exact shortcuts on the batch.
+  out.num_images = effective.data.num_images;
+  out.forward.prune_slots = true;  // empty slots never reach the loss (exact); num_images only caps the slots
+  out.forward.trim_text = effective.data.trim_text;
+  out.forward.trim_multiple = effective.data.trim_multiple;
+
+  // 3. Model options. Parameters in bf16 on the GPU ("bf16": parameters and AdamW state in bf16) or fp32
+  // ("fp32-master" on the GPU: fp32 master weights in the optimizer, bf16 compute; the CPU computes in fp32).
+  out.forward.skip_dead = effective.model_options.skip_dead;
+  out.forward.attention = effective.model_options.attention == formats::Attention::kMaterialized
                               ? model::Attention::kMaterialized
                               : model::Attention::kLean;
-  out.precision = formats::to_string(recipe.model_options.precision);
+  using Backend = formats::AttentionBackend;
+  const Backend backend = effective.model_options.attention_backend;
+  out.forward.attention_backend = backend == Backend::kCudnn   ? kernels::AttentionBackend::kCudnn
+                                  : backend == Backend::kFlash ? kernels::AttentionBackend::kFlash
+                                  : backend == Backend::kSdpa  ? kernels::AttentionBackend::kSdpa
+                                                               : kernels::AttentionBackend::kAuto;
+  if (flags.precision)
+    effective.model_options.precision =
+        override_choice("--precision", *flags.precision, "bf16", "fp32-master") == "bf16"
+            ? formats::Precision::kBf16
+            : formats::Precision::kFp32Master;
+  out.precision = formats::to_string(effective.model_options.precision);
+  out.optimizer_precision = parse_optimizer_precision(out.precision);
+  const bool bf16 = out.optimizer_precision == OptimizerPrecision::kBf16;
+  out.parameter_dtype = context.cuda && bf16 ? torch::kBFloat16 : torch::kFloat32;
+  if (context.cuda && !bf16) out.forward.compute_dtype = torch::kBFloat16;
+  out.state_dtype = effective.optimizer.state_dtype == formats::StateDtype::kInt8Blockwise
+                        ? OptimizerStateDtype::kInt8Blockwise
+                        : OptimizerStateDtype::kAuto;
+  if (flags.cuda_graph)
+    effective.model_options.cuda_graph_step =
+        override_choice("--cuda-graph", *flags.cuda_graph, "off", "step") == "step";
+  out.cuda_graph_step = effective.model_options.cuda_graph_step;
+  out.cuda_graph_source =
+      flags.cuda_graph ? std::string("--cuda-graph step") : file + ": $.model_options.cuda_graph \"step\"";
+  model::Pi05Impl& model = build_model(out.parameter_dtype);
 
-  // 3. Recompute: patterns -> FQNs (errors: no match, nesting) -> the model (errors: not recomputable). The names
+  // 4. Recompute: patterns -> FQNs (errors: no match, nesting) -> the model (errors: not recomputable). The names
   // are the modules plus the recomputable units that are not modules (a merged GEMM's output,
   // `...mlp.gate_proj+up_proj`: nested in its MLP, so selecting both is the usual nesting error).
   {
     std::vector<std::string> names = module_fqns(model);
     for (const std::string& unit : model.recomputable_fqns())
       if (std::find(names.begin(), names.end(), unit) == names.end()) names.push_back(unit);
-    out.recompute = formats::resolve_patterns(recipe.recompute.modules, names, file, "$.recompute.modules");
+    out.recompute = formats::resolve_patterns(effective.recompute.modules, names, file, "$.recompute.modules");
   }
   try {
     model.set_recompute(out.recompute);
@@ -53,12 +97,12 @@ AppliedRecipe apply_recipe(const formats::Recipe& recipe, const std::string& fil
     throw formats::FormatError(file, "$.recompute.modules", e.what());
   }
 
-  // 4. FP8: patterns -> FQNs (errors: no match, nesting) -> the model (errors: not a Linear, shapes not % 16).
+  // 5. FP8: patterns -> FQNs (errors: no match, nesting) -> the model (errors: not a Linear, shapes not % 16).
   {
-    const auto fqns = formats::resolve_patterns(recipe.fp8.modules, module_fqns(model), file, "$.fp8.modules");
+    const auto fqns = formats::resolve_patterns(effective.fp8.modules, module_fqns(model), file, "$.fp8.modules");
     model::Fp8Config config;
-    config.scaling =
-        recipe.fp8.scaling == formats::Fp8Scaling::kDelayed ? model::Fp8Scaling::kDelayed : model::Fp8Scaling::kCurrent;
+    config.scaling = effective.fp8.scaling == formats::Fp8Scaling::kDelayed ? model::Fp8Scaling::kDelayed
+                                                                            : model::Fp8Scaling::kCurrent;
     try {
       model.set_fp8(fqns, config);
     } catch (const std::invalid_argument& e) {
@@ -68,10 +112,10 @@ AppliedRecipe apply_recipe(const formats::Recipe& recipe, const std::string& fil
     out.fp8_delayed = !out.fp8.empty() && config.scaling == model::Fp8Scaling::kDelayed;
   }
 
-  // 5. Groups (gradient buckets; per-group CUDA-graph capture is not available) and distributed settings.
+  // 6. Groups (gradient buckets; per-group CUDA-graph capture is not available) and distributed settings.
   const std::vector<std::string> fqns = module_fqns(model);
-  for (size_t i = 0; i < recipe.groups.size(); ++i) {
-    const formats::Recipe::Group& group = recipe.groups[i];
+  for (size_t i = 0; i < effective.groups.size(); ++i) {
+    const formats::Recipe::Group& group = effective.groups[i];
     const std::string path = "$.groups[" + std::to_string(i) + "]";
     if (group.cuda_graph)
       throw formats::FormatError(file, path + ".cuda_graph",
@@ -83,7 +127,7 @@ AppliedRecipe apply_recipe(const formats::Recipe& recipe, const std::string& fil
     for (const std::string& fqn : applied.modules) {
       for (const AppliedRecipe::AppliedGroup& other : out.groups) {
         for (const std::string& taken : other.modules) {
-          if (fqn_nested(fqn, taken) || fqn_nested(taken, fqn))
+          if (formats::fqn_within(fqn, taken) || formats::fqn_within(taken, fqn))
             throw formats::FormatError(file, path + ".modules",
                                        "module " + fqn + " overlaps " + taken + " of group '" + other.name +
                                            "': a module belongs to one group");
@@ -92,17 +136,27 @@ AppliedRecipe apply_recipe(const formats::Recipe& recipe, const std::string& fil
     }
     out.groups.push_back(std::move(applied));
   }
-  if (recipe.distributed.world_size != 1 && recipe.distributed.world_size != world_size)
-    throw formats::FormatError(
-        file, "$.distributed.world_size",
-        "the recipe is for " + std::to_string(recipe.distributed.world_size) + " processes but this run has " +
-            std::to_string(world_size) + " (launch it with `vlatune launch --nproc " +
-            std::to_string(recipe.distributed.world_size) + " -- train ...` or torchrun, or set world_size to " +
-            std::to_string(world_size) + ")");
-  out.cuda_graph_step = recipe.model_options.cuda_graph_step;
-  out.world_size = world_size;
-  out.reduce_dtype = formats::to_string(recipe.distributed.reduce_dtype);
+  const int planned_world = effective.distributed.world_size;
+  if (planned_world != 1 && planned_world != context.world_size)
+    throw formats::FormatError(file, "$.distributed.world_size",
+                               "the recipe is for " + std::to_string(planned_world) + " processes but this run has " +
+                                   std::to_string(context.world_size) + " (launch it with `vlatune launch --nproc " +
+                                   std::to_string(planned_world) + " -- train ...` or torchrun, or set world_size to " +
+                                   std::to_string(context.world_size) + ")");
+  if (flags.reduce_dtype)
+    effective.distributed.reduce_dtype =
+        override_choice("--reduce-dtype", *flags.reduce_dtype, "bf16", "fp32") == "fp32" ? formats::ReduceDtype::kFp32
+                                                                                         : formats::ReduceDtype::kBf16;
+  out.world_size = context.world_size;
+  out.reduce_dtype = formats::to_string(effective.distributed.reduce_dtype);
+  // A plan's prediction holds for the recipe it planned: an override makes another recipe.
+  if (formats::recipe_hash(effective) != formats::recipe_hash(recipe)) effective.predicted = {};
   return out;
+}
+
+AppliedRecipe apply_recipe(const formats::Recipe& recipe, const std::string& file, model::Pi05Impl& model,
+                           const RecipeContext& context) {
+  return apply_recipe(recipe, file, context, [&model](torch::Dtype) -> model::Pi05Impl& { return model; });
 }
 
 }  // namespace vlatune::trainer

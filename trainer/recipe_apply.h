@@ -1,28 +1,66 @@
-// apply_recipe(): a recipe.json turned into the trainer's settings, in a stated order:
-//   1. data       (num_images, trim_text, trim_multiple)          -> slots, ForwardOptions
-//   2. model      (skip_dead, attention, precision, cuda_graph)    -> ForwardOptions, precision, step capture
-//   3. recompute  (FQN patterns resolved against the model)        -> Pi05Impl::set_recompute
-//   4. fp8        (FQN patterns of Linears resolved against the model; scaling) -> Pi05Impl::set_fp8
-//   5. groups      (FQN patterns resolved; a module in two groups is refused; per-group cuda_graph refused)
-//      distributed (world_size must be 1 = unspecified, or the run's; reduce_dtype)
-// Every refusal is a formats::FormatError naming the recipe file and the JSON path.
+// apply_recipe(): a recipe.json, with the command line's overrides written into it, turned into the trainer's
+// settings. It owns every key and applies them in this order:
+//   1. batch       (micro_batch, grad_accum; --batch, --grad-accum)                  -> micro-batches per step
+//   2. data        (num_images, trim_text, trim_multiple: slot pruning, text trimming) -> slots, ForwardOptions
+//   3. model       (skip_dead, attention, precision, cuda_graph; --precision, --cuda-graph)
+//      optimizer   (state_dtype)
+//                  -> ForwardOptions, the parameters' and the optimizer's precision, the AdamW moments' storage,
+//                  whole-step capture;
+//                  then the model is built (its parameters' dtype is known now)
+//   4. recompute   (FQN patterns resolved against the model)                         -> Pi05Impl::set_recompute
+//   5. fp8         (FQN patterns of Linears resolved against the model; scaling)     -> Pi05Impl::set_fp8
+//   6. groups      (FQN patterns resolved; a module in two groups is refused; per-group cuda_graph refused)
+//      distributed (world_size must be 1 = unspecified, or the run's; reduce_dtype; --reduce-dtype)
+//                  -> gradient buckets; per-group reduction during backward turns the merged modulations off
+// The overrides are written into AppliedRecipe::effective, the recipe the run records (RUNDIR/recipe.json, the
+// recipe_hash of run.json): a run with --precision fp32-master over a bf16 recipe is recorded as fp32-master.
+// Every refusal names the recipe file and the JSON path, or the flag.
 #pragma once
 
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include <torch/torch.h>
 
 #include "formats/recipe.h"
 #include "model/config.h"
 #include "model/pi05.h"
+#include "trainer/optimizer.h"
 
 namespace vlatune::trainer {
 
+// Command-line values that replace recipe keys (unset: the recipe's).
+struct RecipeOverrides {
+  std::optional<int64_t> micro_batch;       // --batch: batch.micro_batch
+  std::optional<int64_t> grad_accum;        // --grad-accum: batch.grad_accum
+  std::optional<std::string> precision;     // --precision: model_options.precision
+  std::optional<std::string> reduce_dtype;  // --reduce-dtype: distributed.reduce_dtype
+  std::optional<std::string> cuda_graph;    // --cuda-graph: model_options.cuda_graph ("off" | "step")
+};
+
+// The run the recipe is applied to.
+struct RecipeContext {
+  RecipeOverrides overrides;
+  int world_size = 1;  // processes of this run
+  bool cuda = false;   // the device is a GPU (bf16 parameters for "bf16" precision)
+};
+
 struct AppliedRecipe {
-  model::ForwardOptions forward;       // shortcuts and attention path
-  std::optional<int64_t> num_images;   // camera slots per batch (unset: the data's, empty slots pruned)
-  std::string precision;               // "bf16" | "fp32-master"
+  formats::Recipe effective;  // the recipe with the overrides written in (their prediction dropped when it changed)
+  int64_t micro_batch = 1, grad_accum = 1;
+  std::optional<int64_t> num_images;  // camera slots per batch (unset: the data's, empty slots pruned)
+  model::ForwardOptions forward;      // shortcuts, attention path, compute dtype
+  std::string precision;              // "bf16" | "fp32-master"
+  OptimizerPrecision optimizer_precision = OptimizerPrecision::kBf16;
+  OptimizerStateDtype state_dtype = OptimizerStateDtype::kAuto;  // how AdamW stores its two moments
+  torch::Dtype parameter_dtype = torch::kFloat32;
+  bool cuda_graph_step = false;   // the step replays a CUDA graph
+  std::string cuda_graph_source;  // what asked for it, for refusals: "--cuda-graph step" or "FILE: $.model_options..."
   std::vector<std::string> recompute;  // resolved FQNs, in module order
   std::vector<std::string> fp8;        // the FP8 Linears (merged members included), in module order
+  bool fp8_delayed = false;            // FP8 Linears with delayed scaling
   struct AppliedGroup {
     std::string name;
     std::vector<std::string> modules;  // resolved FQNs
@@ -30,14 +68,16 @@ struct AppliedRecipe {
   std::vector<AppliedGroup> groups;   // gradient buckets; empty: one per named unit (trainer/grad_buckets.h)
   int world_size = 1;                 // processes of this run
   std::string reduce_dtype = "bf16";  // gradient all-reduce dtype: "bf16" | "fp32"
-  bool fp8_delayed = false;           // FP8 Linears with delayed scaling
-  bool cuda_graph_step = false;       // model_options.cuda_graph "step": the step replays a CUDA graph
 };
 
-// `file` labels errors (the recipe's path, or "<defaults>").
-// `world_size`: processes of this run (a recipe's distributed.world_size other than 1 must equal it).
+// `file` labels errors (the recipe's path, or "<default recipe>"). `build_model(parameter dtype)` is called once,
+// after step 3, and returns the model steps 4-6 apply to.
+using ModelBuilder = std::function<model::Pi05Impl&(torch::Dtype parameter_dtype)>;
+AppliedRecipe apply_recipe(const formats::Recipe& recipe, const std::string& file, const RecipeContext& context,
+                           const ModelBuilder& build_model);
+// The same for a model already built (its parameters' dtype is the caller's choice).
 AppliedRecipe apply_recipe(const formats::Recipe& recipe, const std::string& file, model::Pi05Impl& model,
-                           int world_size = 1);
+                           const RecipeContext& context = {});
 
 // Every module FQN of the model (named_modules, root excluded), the names recipe patterns match against.
 std::vector<std::string> module_fqns(const torch::nn::Module& model);

@@ -1,4 +1,4 @@
-// LIBERO-shaped synthetic data (issue 4 "Data"), in two forms with one distribution:
+// LIBERO-shaped synthetic data, in two forms with one distribution:
 //   write_synthetic_dataset: a packed dataset on disk (`vlatune data synth`), for loader benchmarks and tests;
 //   SyntheticSource:         batches generated directly on the batch device (`--data synthetic`), the benchmark
 //                            setting: no host work and no copies in the training loop.

@@ -1,6 +1,11 @@
-// `vlatune train`: the built-in Pi0.5 trainer. One function, run_training(), that reads top to bottom:
-// set up (model, recipe, data, optimizer, resume) -> loop (batch -> forward -> backward -> clip+AdamW -> EMA ->
-// metrics -> checkpoint) -> final weights + run.json.
+// `vlatune train`: the built-in Pi0.5 trainer. run_training() reads top to bottom in three parts (train_loop.cpp):
+//   open    who this process is (one process or a rank of a job), the run's settings (a new run's, or the saved
+//           ones of the run being resumed), its run directory (locked, checked: trainer/run_dir.h), the job's
+//           rendezvous, model + recipe + data + optimizer (train_step.h), where to start (step 0 or the newest
+//           checkpoint), the run's outputs;
+//   step    batch -> forward -> backward -> clip + AdamW -> EMA, timed; one StepRecord (step_record.h) to every
+//           output (metrics.jsonl row, log line); the non-finite guard; a checkpoint when due;
+//   finish  the ranks' agreement check, the last checkpoint, final weights (EMA when on), norm stats, run.json.
 #pragma once
 
 #include <cstdint>
@@ -11,16 +16,20 @@
 
 namespace vlatune::trainer {
 
+// A new run takes these; `--resume` takes the run's own (RUNDIR/train_config.json and RUNDIR/recipe.json) and from
+// the caller only `steps` and the bookkeeping values that are set (timing_warmup, checkpoint_every, keep_last,
+// workers), plus the display ones (progress_bar, log_every), dist_timeout_s and max_memory_gib.
 struct TrainOptions {
-  std::string config = "tiny";           // model size: tiny | full
-  std::string data = "synthetic";        // dataset directory or "synthetic" (generated on the device)
+  std::string config;                    // model size: tiny | full; empty: full on a GPU, tiny on the CPU
+  std::string data;                      // dataset directory, or "synthetic" (generated on the device); required
   std::string out;                       // run directory (new run)
-  std::string resume;                    // run directory to continue (reads its train_config.json)
-  std::string recipe_path;               // recipe.json; flags below override its keys
+  std::string resume;                    // run directory to continue
+  std::string recipe_path;               // recipe.json; the overrides below replace its keys
   std::string init_weights;              // openpi/LeRobot-named safetensors to start from
   std::string device = "auto";           // auto | cpu | cuda
   std::optional<double> max_memory_gib;  // --max-memory: caps the CUDA caching allocator (memory_cap.h)
-  // Overridable recipe keys (unset: the recipe's value, else its default).
+  // Recipe keys set from the command line (unset: the recipe's value, else its default); written into the run's
+  // recipe.json, so its recipe_hash is the recipe the run obeyed.
   std::optional<int64_t> batch;             // batch.micro_batch
   std::optional<int64_t> grad_accum;        // batch.grad_accum
   std::optional<std::string> precision;     // model_options.precision: bf16 | fp32-master
@@ -36,27 +45,38 @@ struct TrainOptions {
   int64_t warmup_steps = 10000;
   int64_t decay_steps = 1000000;
   std::optional<double> decay_lr;  // unset: = lr (openpi pi05_libero: constant after warmup)
-  double clip_norm = 1.0;          // global-norm clipping; <= 0 disables
+  double clip_norm = 1.0;          // global-norm clipping; 0 disables
   double weight_decay = 1e-10;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double ema_decay = 0.0;        // 0: no EMA (openpi pi05_libero uses 0.999)
   int64_t loss_action_dim = 32;  // LeRobot: the robot's real action dims
   uint64_t seed = 42;
-  // Bookkeeping.
-  int64_t timing_warmup = 3;        // steps (per process) left out of run.json's timing arrays
-  int64_t checkpoint_every = 1000;  // 0: only the final checkpoint
-  int keep_last = 3;
+  // Bookkeeping (unset: the defaults in the comments, or a resumed run's own).
+  std::optional<int64_t> timing_warmup;     // 3: steps (per segment) left out of the timing statistics
+  std::optional<int64_t> checkpoint_every;  // 1000; 0: only the final checkpoint
+  std::optional<int> keep_last;             // 3: checkpoints kept
+  std::optional<int> workers;               // 4: data loader threads
   bool save = true;  // false (benchmarks): no checkpoints and no final weights, only run.json and metrics.jsonl
   int64_t max_consecutive_nonfinite = 10;
-  int workers = 4;  // data loader threads
   bool augment = false;
   std::optional<bool> progress_bar;  // unset: a bar when stderr is a terminal, plain lines otherwise
   int64_t log_every = 1;             // plain log line every N steps
+  bool tensorboard = true;           // TensorBoard event file beside metrics.jsonl (trainer/tensorboard_log.h)
+  // Held-out evaluation (trainer/evaluate.h TrainEvaluation; the caller's, also on --resume: it changes nothing the
+  // run computes). Empty eval_data: none; eval_every 0: after the last step only; eval_batches 0: the whole set.
+  std::string eval_data;
+  int64_t eval_every = 0;
+  int64_t eval_batches = 0;
 };
+
+inline constexpr int64_t kDefaultTimingWarmup = 3;
+inline constexpr int64_t kDefaultCheckpointEvery = 1000;
+inline constexpr int kDefaultKeepLast = 3;
+inline constexpr int kDefaultWorkers = 4;
 
 struct TrainSummary {
   std::string run_dir;
-  int64_t first_step = 0;  // 0 for a new run, the checkpoint's step on resume
+  int64_t first_step = 0;  // 0 for a new run (or a resumed one without a checkpoint), else the checkpoint's step
   int64_t last_step = 0;   // steps completed
   int64_t skipped_steps = 0;
   double samples_per_s_median = 0.0;

@@ -1,6 +1,10 @@
 #include "trainer/train_step.h"
 
+#include <chrono>
+#include <cmath>
+
 #include "kernels/device_probe.h"
+#include "layout/pi05.h"
 #include "model/state_dict.h"
 #include "profiler/scope.h"
 #include "trainer/environment.h"
@@ -32,16 +36,12 @@ void setup_data_parallel(TrainingParts& parts, const TrainOptions& opt) {
   std::vector<std::string> names;
   for (const auto& item : parts.named_params) names.push_back(item.first);
   GradBucketsOptions options;
-  options.reduce_fp32 = opt.reduce_dtype.value_or(parts.applied.reduce_dtype) == "fp32";
-  if (opt.dist_buckets != "groups" && opt.dist_buckets != "one")
-    throw TrainInputError("--dist-buckets: expected groups or one, got '" + opt.dist_buckets + "'");
+  options.reduce_fp32 = parts.applied.reduce_dtype == "fp32";
   options.overlap = opt.dist_buckets == "groups";
-  // Every layer's group would wait for the merged modulation GEMM's backward, the last of the step.
-  if (options.overlap) parts.applied.forward.merge_modulations = false;
   // The token embedding's gradient comes from its lookup alone (the LM head is unused): non-zero in at most
   // grad_accum x micro-batch x text length rows per rank.
   for (size_t p = 0; p < names.size(); ++p)
-    if (names[p] == "paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight")
+    if (layout::row_sparse_gradient(names[p]))
       options.row_sparse.push_back({p, parts.grad_accum * parts.batch * parts.source->text_len()});
   try {
     parts.buckets =
@@ -70,16 +70,43 @@ void drop_fp8_without_hardware(formats::Recipe& recipe, const std::string& devic
   recipe.fp8.modules.clear();
 }
 
+std::optional<DistEnv> job_environment() {
+  try {
+    return dist_env_from_process();
+  } catch (const std::invalid_argument& e) {
+    throw TrainInputError(std::string("distributed launch environment: ") + e.what());
+  }
+}
+
+std::shared_ptr<ProcessGroup> join_job(const DistEnv& env, const std::string& device_choice, double timeout_s,
+                                       std::ostream& log) {
+  if (!(timeout_s > 0) || !std::isfinite(timeout_s)) throw TrainInputError("--dist-timeout must be > 0 seconds");
+  torch::Device device{torch::kCPU};
+  try {
+    device = bind_process_device(resolve_device("--device", device_choice), env);
+  } catch (const std::invalid_argument& e) {
+    throw TrainInputError(e.what());
+  }
+  if (device.is_cuda()) {
+    const std::string warning = set_nccl_environment();
+    if (!warning.empty()) log << "warning: " << warning << "\n";
+  }
+  return ProcessGroup::create(env, device, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0)));
+}
+
+std::string resolve_model_config(const std::string& choice, torch::Device device, std::ostream& log) {
+  if (!choice.empty()) return choice;
+  const std::string chosen = device.is_cuda() ? "full" : "tiny";
+  log << "config: " << chosen << " (the default on " << (device.is_cuda() ? "a GPU" : "the CPU")
+      << "; --config tiny|full chooses)\n";
+  return chosen;
+}
+
 TrainingParts build_training_parts(const TrainOptions& opt, const formats::Recipe& recipe,
                                    const std::string& recipe_label, bool load_init_weights, std::ostream& log,
                                    std::shared_ptr<ProcessGroup> dist) {
   TrainingParts parts;
   parts.dist = std::move(dist);
-  try {
-    parts.config = model::Pi05Config::named(opt.config);
-  } catch (const std::invalid_argument& e) {
-    throw TrainInputError(std::string("--config: ") + e.what());
-  }
   try {
     parts.device = resolve_device("--device", opt.device);
   } catch (const std::invalid_argument& e) {
@@ -87,31 +114,37 @@ TrainingParts build_training_parts(const TrainOptions& opt, const formats::Recip
   }
   if (parts.dist && parts.device.is_cuda()) parts.device = torch::Device(torch::kCUDA, parts.dist->env().local_rank);
   apply_memory_cap(parts.device, opt.max_memory_gib, log);  // before the first allocation on the device
-  parts.batch = opt.batch.value_or(recipe.batch.micro_batch);
-  parts.grad_accum = opt.grad_accum.value_or(recipe.batch.grad_accum);
-  parts.precision = opt.precision.value_or(formats::to_string(recipe.model_options.precision));
-  if (parts.batch < 1 || parts.grad_accum < 1) throw TrainInputError("--batch and grad_accum must be >= 1");
-  const OptimizerPrecision opt_precision = parse_optimizer_precision(parts.precision);
-
-  // Model: parameters in bf16 on the GPU ("bf16" precision) or fp32 ("fp32-master" on the GPU: fp32 master
-  // weights in the optimizer, bf16 compute; the CPU tiny config computes in fp32 either way).
-  const bool cuda = parts.device.is_cuda();
-  const torch::Dtype param_dtype =
-      cuda && opt_precision == OptimizerPrecision::kBf16 ? torch::kBFloat16 : torch::kFloat32;
-  parts.net = model::Pi05(parts.config, parts.device, param_dtype);
-  model::init_weights(*parts.net, opt.seed);
-  if (!opt.init_weights.empty() && load_init_weights) {
-    auto report = model::load_state_dict(*parts.net, opt.init_weights, /*strict=*/false);
-    if (!report.missing.empty() || !report.shape_mismatched.empty())
-      throw TrainInputError("--init-weights: " + report.summary());
-    log << "init weights: " << report.summary() << "\n";
+  parts.config_name = resolve_model_config(opt.config, parts.device, log);
+  try {
+    parts.config = model::Pi05Config::named(parts.config_name);
+  } catch (const std::invalid_argument& e) {
+    throw TrainInputError(std::string("--config: ") + e.what());
   }
-  // The merged GEMMs' members into one buffer per group (read as views, not concatenated each step), now that the
-  // parameters are on their device in their dtype; loads (--resume, read_checkpoint) copy into them in place.
-  parts.net->pack_merged_weights();
-  parts.applied = apply_recipe(recipe, recipe_label, *parts.net, parts.dist ? parts.dist->size() : 1);
+  if (opt.dist_buckets != "groups" && opt.dist_buckets != "one")
+    throw TrainInputError("--dist-buckets: expected groups or one, got '" + opt.dist_buckets + "'");
+
+  RecipeContext context;
+  context.overrides = {opt.batch, opt.grad_accum, opt.precision, opt.reduce_dtype, opt.cuda_graph};
+  context.world_size = parts.dist ? parts.dist->size() : 1;
+  context.cuda = parts.device.is_cuda();
+  parts.applied = apply_recipe(recipe, recipe_label, context, [&](torch::Dtype parameter_dtype) -> model::Pi05Impl& {
+    parts.net = model::Pi05(parts.config, parts.device, parameter_dtype);
+    model::init_weights(*parts.net, opt.seed);
+    if (!opt.init_weights.empty() && load_init_weights) {
+      auto report = model::load_state_dict(*parts.net, opt.init_weights, /*strict=*/false);
+      if (!report.missing.empty() || !report.shape_mismatched.empty())
+        throw TrainInputError("--init-weights: " + report.summary());
+      log << "init weights: " << report.summary() << "\n";
+    }
+    // The merged GEMMs' members into one buffer per group (read as views, not concatenated each step), now that
+    // the parameters are on their device in their dtype; loads (--resume, read_checkpoint) copy into them in place.
+    parts.net->pack_merged_weights();
+    return *parts.net;
+  });
   parts.applied.forward.loss_action_dim = opt.loss_action_dim;
-  if (cuda && opt_precision == OptimizerPrecision::kFp32Master) parts.applied.forward.compute_dtype = torch::kBFloat16;
+  parts.batch = parts.applied.micro_batch;
+  parts.grad_accum = parts.applied.grad_accum;
+  parts.precision = parts.applied.precision;
 
   open_training_data(parts, opt, parts.batch);
 
@@ -121,10 +154,8 @@ TrainingParts build_training_parts(const TrainOptions& opt, const formats::Recip
   adam.betas = {opt.beta1, opt.beta2};
   adam.eps = opt.eps;
   adam.weight_decay = opt.weight_decay;
-  adam.precision = opt_precision;
-  adam.state_dtype = recipe.optimizer.state_dtype == formats::StateDtype::kInt8Blockwise
-                         ? OptimizerStateDtype::kInt8Blockwise
-                         : OptimizerStateDtype::kAuto;
+  adam.precision = parts.applied.optimizer_precision;
+  adam.state_dtype = parts.applied.state_dtype;
   parts.optimizer = std::make_unique<AdamW>(parts.named_params, adam);
   if (adam.state_dtype != OptimizerStateDtype::kAuto) {
     log << "optimizer state: " << optimizer_state_dtype_name(adam.state_dtype) << ", "
@@ -132,14 +163,9 @@ TrainingParts build_training_parts(const TrainOptions& opt, const formats::Recip
   }
   if (parts.dist) setup_data_parallel(parts, opt);
 
-  if (opt.cuda_graph && *opt.cuda_graph != "off" && *opt.cuda_graph != "step")
-    throw TrainInputError("--cuda-graph: expected off or step, got '" + *opt.cuda_graph + "'");
-  if (opt.cuda_graph ? *opt.cuda_graph == "step" : parts.applied.cuda_graph_step) {
+  if (parts.applied.cuda_graph_step) {
     const std::string why = step_graph_unsupported(parts);
-    if (!why.empty())
-      throw TrainInputError(
-          (opt.cuda_graph ? std::string("--cuda-graph step") : recipe_label + ": $.model_options.cuda_graph \"step\"") +
-          ": " + why);
+    if (!why.empty()) throw TrainInputError(parts.applied.cuda_graph_source + ": " + why);
     parts.step_graph = std::make_shared<StepGraph>(log);
   }
   return parts;
@@ -147,10 +173,14 @@ TrainingParts build_training_parts(const TrainOptions& opt, const formats::Recip
 
 void open_training_data(TrainingParts& parts, const TrainOptions& opt, int64_t batch) {
   LoaderOptions loader;
-  loader.workers = opt.workers;
+  loader.workers = opt.workers.value_or(kDefaultWorkers);
   loader.augment = opt.augment;
   if (parts.dist) loader.step_stride = parts.dist->size();  // see micro_batch_index
   if (parts.applied.num_images) loader.slots = *parts.applied.num_images;
+  if (opt.data.empty())
+    throw TrainInputError(
+        "--data is required: a dataset directory (vlatune data synth|import), or --data synthetic for batches "
+        "generated on the device");
   parts.source.reset();  // stop the old loader's workers first
   try {
     parts.source = open_data_source(opt.data, parts.config, batch, opt.seed, parts.device, loader);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -26,12 +27,13 @@ namespace vlatune::trainer {
 class StepGraph;
 
 struct TrainingParts {
+  std::string config_name;  // "tiny" | "full"
   model::Pi05Config config;
   torch::Device device{torch::kCPU};
   int64_t batch = 1, grad_accum = 1;
   std::string precision;  // "bf16" | "fp32-master"
   model::Pi05 net{nullptr};
-  AppliedRecipe applied;
+  AppliedRecipe applied;  // applied.effective: the recipe the run records
   std::unique_ptr<DataSource> source;
   std::vector<std::pair<std::string, torch::Tensor>> named_params;
   std::unique_ptr<AdamW> optimizer;
@@ -43,10 +45,25 @@ struct TrainingParts {
   std::shared_ptr<StepGraph> step_graph;
 };
 
-// Model (initialized from opt.seed, then --init-weights when `load_init_weights`), recipe applied, data opened,
-// optimizer created, as `vlatune train` sets them up. Bad options: TrainInputError naming the option.
-// With `dist` (more than one process): the device is cuda:LOCAL_RANK on CUDA, the recipe's groups and
-// distributed keys are applied, parameters are broadcast from rank 0, and gradient buckets are set up.
+// The process's place in a data-parallel job, from the launch environment (trainer/distributed.h); nullopt for
+// one process. Malformed variables: TrainInputError.
+std::optional<DistEnv> job_environment();
+
+// Joins the job: the process bound to its device (cuda:LOCAL_RANK), NCCL's environment prepared (a warning line
+// on `log` when the user's own setting is kept), then the rendezvous and the process group under `timeout_s`.
+// `vlatune train` and `vlatune profile` both join through this. Bad options: TrainInputError.
+std::shared_ptr<ProcessGroup> join_job(const DistEnv& env, const std::string& device_choice, double timeout_s,
+                                       std::ostream& log);
+
+// The model size: `choice` ("tiny" | "full"), or when empty the default for the device: full on a GPU, tiny on the
+// CPU (said on `log`).
+std::string resolve_model_config(const std::string& choice, torch::Device device, std::ostream& log);
+
+// Model (initialized from opt.seed, then --init-weights when `load_init_weights`), recipe applied with the
+// options' overrides (recipe_apply.h), data opened, optimizer created, as `vlatune train` sets them up. Bad
+// options: TrainInputError naming the option. With `dist` (more than one process): the device is
+// cuda:LOCAL_RANK on CUDA, the recipe's groups and distributed keys are applied, parameters are broadcast from
+// rank 0, and gradient buckets are set up.
 TrainingParts build_training_parts(const TrainOptions& opt, const formats::Recipe& recipe,
                                    const std::string& recipe_label, bool load_init_weights, std::ostream& log,
                                    std::shared_ptr<ProcessGroup> dist = nullptr);

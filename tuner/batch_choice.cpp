@@ -44,15 +44,17 @@ std::vector<BatchOption> evaluate_batches(const CostModel& model, double budget_
   return out;
 }
 
-int choose_batch(const CostModel& model, const std::vector<BatchOption>& options) {
-  // Profiled batches and those between them (the linear fit interpolates there: measured within 2.5% on the H200,
-  // bench/RESULTS.md) are trusted; batches outside the profiled range are extrapolated.
+bool in_profiled_range(const CostModel& model, int64_t batch) {
   int64_t lo = 0, hi = 0;
   for (const auto& p : model.profile.batches) {
     lo = lo == 0 ? p.batch : std::min(lo, p.batch);
     hi = std::max(hi, p.batch);
   }
-  auto trusted = [&](int64_t b) { return b >= lo && b <= hi; };
+  return batch >= lo && batch <= hi;
+}
+
+int choose_batch(const CostModel& model, const std::vector<BatchOption>& options) {
+  auto trusted = [&](int64_t b) { return in_profiled_range(model, b); };
   int best = -1, best_trusted = -1;
   for (int i = 0; i < static_cast<int>(options.size()); ++i) {
     const BatchOption& o = options[static_cast<size_t>(i)];

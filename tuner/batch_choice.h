@@ -38,7 +38,12 @@ std::vector<BatchOption> evaluate_batches(const CostModel& model, double budget_
                                           const std::vector<int64_t>& batches, int grad_accum, int world_size,
                                           const std::function<double(int64_t, const std::vector<int>&)>& comm_exposed);
 
-// The index of the chosen option, or -1 when none is feasible.
+// Profiled batches and those between them (the linear fit interpolates there: measured within 2.5% on the H200,
+// bench/RESULTS.md) are trusted; batches outside the profiled range are extrapolated.
+bool in_profiled_range(const CostModel& model, int64_t batch);
+
+// The index of the chosen option, or -1 when none is feasible: the most predicted samples/s, except that an
+// extrapolated batch must beat the best trusted one by kExtrapolationMargin.
 int choose_batch(const CostModel& model, const std::vector<BatchOption>& options);
 
 }  // namespace vlatune::tuner

@@ -2,6 +2,8 @@
 // Assumptions (tuner/README.md says why):
 //   - A quantity at micro-batch b is linear in b, fitted through the profile's two batch sizes (one batch:
 //     proportional through the origin): the step time, the peak, and per module the times and the bytes.
+//   - The peak is the device's measured peak; a CPU profile has none (no device allocator), so there it is
+//     estimated from the memory section: parameters + gradients + optimizer state + activations.
 //   - Predictions are differences from the profiled baseline at the same batch: the fitted step time and peak
 //     hold the profiled recipe; recompute changes add or remove module forward times and move activation bytes
 //     (recompute_solver.h's memory model, evaluated for the new selection minus the baseline's); FP8 changes
@@ -17,8 +19,8 @@
 
 #include "formats/profile.h"
 #include "formats/recipe.h"
-#include "tuner/pi05_layout.h"
 #include "tuner/recompute_solver.h"
+#include "tuner/recompute_units.h"
 
 namespace vlatune::tuner {
 
@@ -67,6 +69,8 @@ struct Calibration {
 struct CostModel {
   std::string file;  // labels errors
   formats::Profile profile;
+  double profiled_peak_gib = 0;          // at the profiled batch: measured, or estimated (peak_source says which)
+  std::string peak_source;               // "measured" or how it was estimated
   std::vector<std::string> module_fqns;  // batches[0] rows, profile order
   // What recompute patterns resolve against: module_fqns, then the recomputable units that are not modules (the
   // backbone MLPs' merged gate+up outputs, `...mlp.gate_proj+up_proj`, sized from the GEMM inventory).
@@ -95,9 +99,19 @@ double adamw_moment_bytes(double numel, double element_bytes, formats::StateDtyp
 // it. Throws PlanInputError when the state changes and the profile has no parameter bytes.
 double plan_optimizer_state(CostModel& model, formats::StateDtype planned);
 
-// Validates the profile for planning and builds the model. Throws formats::FormatError(file, JSON path, reason)
-// for a profile the planner cannot use (no modules, no peak memory, non-monotonic batches, patterns that match no
-// row or nest, rows recomputed outside the profiled recipe), and PlanInputError for a bad extra candidate.
+// A module row that is not a module ("<optimizer>", "<data>", ...).
+bool is_pseudo_row(const formats::ModuleCost& row);
+// The rows of `b` summed for `alias`: its own row, else the outermost rows inside it (indices into b.modules).
+std::vector<int> rows_for(const formats::BatchProfile& b, const std::string& alias);
+// True when the profiled recipe runs `gemm` in FP8 (a pattern of its fp8.modules matches a member).
+bool profiled_in_fp8(const formats::Profile& profile, const formats::GemmEntry& gemm);
+
+// Validates the profile for planning and builds the model, in steps (cost_model_build.cpp): fit the batches, find
+// the units that are merged-GEMM outputs, check the profiled selection, collect the candidate units, size them
+// from the rows, link parents, calibrate with the A/B rows. Throws formats::FormatError(file, JSON path, reason)
+// for a profile the planner cannot use (no modules, a CUDA profile without its peak memory, a CPU profile without
+// its parameter bytes, non-monotonic batches, patterns that match no row or nest, rows recomputed outside the
+// profiled recipe), and PlanInputError for a bad extra candidate.
 // `extra_candidates`: --recompute-candidate patterns, resolved against the module rows.
 CostModel build_cost_model(const formats::Profile& profile, const std::string& file,
                            const std::vector<std::string>& extra_candidates = {});

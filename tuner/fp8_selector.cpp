@@ -1,40 +1,51 @@
 #include "tuner/fp8_selector.h"
 
 #include <algorithm>
-#include <sstream>
 
+#include "formats/fqn_pattern.h"
+#include "formats/numbers.h"
+#include "layout/pi05.h"
 #include "tuner/cost_model.h"
-#include "tuner/pi05_layout.h"
 
 namespace vlatune::tuner {
 
 namespace {
 
-std::string fmt(double v, int precision = 3) {
-  std::ostringstream os;
-  os.setf(std::ios::fixed);
-  os.precision(precision);
-  os << v;
-  return os.str();
-}
-
+using formats::fixed;
 // The first pattern of `patterns` covering one of `members`, or "".
 std::string covering(const std::vector<std::string>& patterns, const std::vector<std::string>& members) {
   for (const std::string& p : patterns)
     for (const std::string& m : members)
-      if (pattern_covers(p, m)) return p;
+      if (formats::pattern_covers(p, m)) return p;
   return "";
 }
 
 }  // namespace
 
+const std::vector<std::string>& default_fp8_exclusions() {
+  // The seed's precision-sensitive set (anchors §4.6: measured thresholds decide the rest). Thin GEMMs here are
+  // also the ones FP8 cannot speed up: M = batch for the time MLP and adaRMS, N = 32 for the action head.
+  static const std::vector<std::string> patterns = {
+      layout::kVisionTower,  // SigLIP: image features feed every prefix token
+      layout::kProjector,
+      layout::kActionInProj,
+      layout::kActionOutProj,
+      layout::kTimeMlpIn,
+      layout::kTimeMlpOut,
+      layout::kExpertLayerPrefix + "*.input_layernorm.dense",  // adaRMS modulation (scale, shift, gate)
+      layout::kExpertLayerPrefix + "*.post_attention_layernorm.dense",
+      layout::kExpertNorm + ".dense",
+  };
+  return patterns;
+}
+
 Fp8Selection solve_fp8_set(const std::vector<formats::GemmEntry>& gemms, const Fp8Options& o) {
   Fp8Selection out;
   out.effective_margin = std::max(o.margin, 1.0 + 2.0 * o.noise_rel);
   const std::string margin_text = out.effective_margin > o.margin
-                                      ? fmt(out.effective_margin, 3) + " (raised from " + fmt(o.margin, 3) +
-                                            ": twice the step noise " + fmt(100 * o.noise_rel, 1) + "%)"
-                                      : fmt(out.effective_margin, 3);
+                                      ? fixed(out.effective_margin, 3) + " (raised from " + fixed(o.margin, 3) +
+                                            ": twice the step noise " + fixed(100 * o.noise_rel, 1) + "%)"
+                                      : fixed(out.effective_margin, 3);
   for (size_t g = 0; g < gemms.size(); ++g) {
     const formats::GemmEntry& e = gemms[g];
     Fp8Verdict v;
@@ -56,8 +67,8 @@ Fp8Selection solve_fp8_set(const std::vector<formats::GemmEntry>& gemms, const F
       v.fp8_ms = gemm_ms(e, true, recomputed, o.batch_scale);
       v.ratio = v.fp8_ms > 0 ? v.bf16_ms / v.fp8_ms : 0;
     }
-    const std::string numbers = v.fp8_ms > 0 ? "bf16 " + fmt(v.bf16_ms) + " ms vs FP8 " + fmt(v.fp8_ms) +
-                                                   " ms incl. quantization (" + fmt(v.ratio, 2) + "x" +
+    const std::string numbers = v.fp8_ms > 0 ? "bf16 " + fixed(v.bf16_ms, 3) + " ms vs FP8 " + fixed(v.fp8_ms, 3) +
+                                                   " ms incl. quantization (" + fixed(v.ratio, 2) + "x" +
                                                    (recomputed ? ", forward counted twice: recomputed" : "") + ")"
                                              : "";
     if (v.reason.empty()) {

@@ -1,7 +1,7 @@
 // The FP8 Linear set (anchors §4.6): per GEMM of the profile (a Linear, or a merged GEMM covering its members),
 // FP8 only where the measured bf16 time divided by the FP8 time -- the three FP8 GEMMs plus the quantization as
 // the trainer runs it, the forward counted twice when the module is recomputed -- exceeds a margin, and the
-// margin exceeds the measured noise. Default exclusions: pi05_layout.h default_fp8_exclusions().
+// margin exceeds the measured noise, outside the precision-sensitive default exclusions.
 #pragma once
 
 #include <functional>
@@ -38,6 +38,11 @@ struct Fp8Selection {
   std::vector<Fp8Verdict> verdicts;  // one per GEMM, profile order
   double saved_ms = 0;
 };
+
+// Linears kept in bf16 unless --fp8-include names them: the precision-sensitive set of the seed (vision tower,
+// projector, action and time projections, adaRMS dense layers). Patterns exclude the modules they match and
+// everything inside them.
+const std::vector<std::string>& default_fp8_exclusions();
 
 Fp8Selection solve_fp8_set(const std::vector<formats::GemmEntry>& gemms, const Fp8Options& options);
 

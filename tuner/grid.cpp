@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "formats/numbers.h"
 #include "formats/recipe.h"
 #include "formats/run_record.h"
 
@@ -18,18 +19,13 @@ std::string candidate_path(const std::string& dir, size_t i) {
   return (fs::path(dir) / ("candidate_" + std::to_string(i) + ".json")).string();
 }
 
-std::string cell(const std::optional<double>& v, const char* format) {
-  if (!v) return "-";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, format, *v);
-  return buf;
+std::string cell(const std::optional<double>& v, int digits) {
+  return v ? formats::fixed(*v, digits) : "-";
 }
 
 std::string error_pct(const std::optional<double>& predicted, const std::optional<double>& measured) {
   if (!predicted || !measured || *measured == 0) return "-";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%+.1f%%", 100 * (*predicted / *measured - 1));
-  return buf;
+  return formats::signed_pct(100 * (*predicted / *measured - 1), 1);
 }
 
 }  // namespace
@@ -79,9 +75,9 @@ GridComparison compare_grid(const std::string& dir) {
     char line[200];
     std::snprintf(line, sizeof line, "%-9s  %5d  %14s  %8s  %6s   %13s  %8s  %6s\n",
                   ("#" + std::to_string(r.index) + (r.index == 0 ? " plan" : "")).c_str(), r.micro_batch,
-                  cell(r.predicted_samples_per_s, "%.2f").c_str(), cell(r.measured_samples_per_s, "%.2f").c_str(),
+                  cell(r.predicted_samples_per_s, 2).c_str(), cell(r.measured_samples_per_s, 2).c_str(),
                   error_pct(r.predicted_samples_per_s, r.measured_samples_per_s).c_str(),
-                  cell(r.predicted_peak_gib, "%.1f").c_str(), cell(r.measured_peak_gib, "%.1f").c_str(),
+                  cell(r.predicted_peak_gib, 1).c_str(), cell(r.measured_peak_gib, 1).c_str(),
                   error_pct(r.predicted_peak_gib, r.measured_peak_gib).c_str());
     os << line;
   }

@@ -1,6 +1,6 @@
 // Communication groups for data-parallel training: a group's gradient all-reduce starts when its backward ends
 // (DESIGN.md "The recipe"), and all-reduces run one after another on the communication stream. A partition of
-// the pieces (pi05_layout.h group_pieces, in backward order) into contiguous groups finishes communicating at
+// the pieces (layout/pi05.h group_pieces, in backward order) into contiguous groups finishes communicating at
 //   F_g = max(F_{g-1}, end of g's backward) + latency + 2 (n-1)/n x bytes_g / bus bandwidth      (ring all-reduce)
 // and exposes max(0, F_last - end of backward) per step. solve_groups minimizes that exactly by dynamic
 // programming over the split points (O(pieces^2)): F is monotone in the previous group's finish, so the best

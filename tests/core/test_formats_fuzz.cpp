@@ -1,4 +1,5 @@
-// The standing fuzz test of the torch-free readers (recipe.json, profile.json, run.json, metrics.jsonl): thousands of
+// The standing fuzz test of the torch-free readers (recipe.json, profile.json, run.json, metrics.jsonl, a run
+// directory's train_config.json and a checkpoint's state.json): thousands of
 // seeded mutations of valid documents (tests/core/fuzz_mutator.h). Every input must be either accepted or refused
 // with a FormatError; a crash, a hang or any other exception fails the test (scripts/test.sh runs this tier under
 // ASan + UBSan too). What a reader accepts must also survive what comes next: writing it back (the writers validate
@@ -11,12 +12,14 @@
 #include <string>
 #include <vector>
 
+#include "formats/checkpoint_state.h"
 #include "formats/json_error.h"
 #include "formats/json_io.h"
 #include "formats/metrics_jsonl.h"
 #include "formats/profile.h"
 #include "formats/recipe.h"
 #include "formats/run_record.h"
+#include "formats/train_config.h"
 #include "fuzz_mutator.h"
 #include "reports/check.h"
 #include "reports/report.h"
@@ -94,6 +97,32 @@ std::string metrics_seed(int rows) {
   return text;
 }
 
+// The current schema: training rows with held-out evaluation rows after steps 1 and 3.
+std::string metrics_seed_with_eval() {
+  std::string text = "{\"schema\":\"" + std::string(kMetricsSchema) + "\"}\n";
+  const std::string v1 = metrics_seed(4);
+  std::vector<std::string> rows;
+  for (size_t at = v1.find('\n') + 1; at < v1.size(); at = v1.find('\n', at) + 1)
+    rows.push_back(v1.substr(at, v1.find('\n', at) - at));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    text += rows[i] + "\n";
+    if (i % 2 == 1) {
+      EvalRow e;
+      e.step = static_cast<int64_t>(i);
+      e.loss = 0.3;
+      e.action_mae = i == 3 ? kNaN : 0.02;
+      e.action_rmse = 0.03;
+      e.action_mae_per_dim = {0.01, 0.03};
+      e.action_rmse_per_dim = {0.02, kNaN};
+      e.samples = 16;
+      e.batches = 2;
+      e.eval_ms = 120;
+      text += eval_row_to_json(e).dump() + "\n";
+    }
+  }
+  return text;
+}
+
 // Feeds `iterations` mutations of `seeds` to `read`; any exception but a FormatError fails, naming the iteration
 // and the input.
 void fuzz(const std::vector<std::string>& seeds, uint64_t seed, int iterations,
@@ -128,7 +157,9 @@ TEST_CASE("Fuzz: every mutated recipe.json is accepted or refused with a FormatE
     const nlohmann::json j = recipe_to_json(r);
     if (parse_recipe(parse_json_text(dump_json_file(j), "again.json"), "again.json") != r)
       throw std::logic_error("recipe does not read back equal");
-    recipe_hash(r);
+    // The keys `check` names for a recipe_hash difference: none exactly when the hashes agree.
+    if (recipe_differences(r, full_recipe()).empty() != (recipe_hash(r) == recipe_hash(full_recipe())))
+      throw std::logic_error("recipe_differences disagrees with recipe_hash");
     vlatune::reports::ReportInput in;
     in.recipe = r;
     vlatune::reports::render_report(in);
@@ -182,15 +213,52 @@ TEST_CASE("Fuzz: every mutated profile.json is accepted or refused with a Format
 }
 
 TEST_CASE("Fuzz: every mutated metrics.jsonl is accepted or refused with a FormatError", "[formats][fuzz]") {
-  const std::vector<std::string> seeds = {metrics_seed(6), metrics_seed(0), metrics_seed(2)};
+  const std::vector<std::string> seeds = {metrics_seed(6), metrics_seed(0), metrics_seed(2), metrics_seed_with_eval()};
   fuzz(seeds, 4, kIterations, [](const std::string& text) {
-    const std::vector<MetricsRow> rows = parse_metrics(text, "metrics.jsonl");
-    for (const auto& row : rows) {
+    const MetricsLog log = parse_metrics_log(text, "metrics.jsonl");
+    for (const auto& row : log.train) {
       if (!(parse_metrics_row(metrics_row_to_json(row), "again:1") == row))
         throw std::logic_error("metrics row does not read back equal");
     }
+    for (const auto& row : log.eval) {
+      if (!(parse_eval_row(eval_row_to_json(row), "again:1") == row))
+        throw std::logic_error("evaluation row does not read back equal");
+    }
     vlatune::reports::ReportInput in;
-    in.runs.push_back({"run", "run.json", sample_run(true), rows, std::nullopt});
+    in.runs.push_back({"run", "run.json", sample_run(true), log.train, std::nullopt, log.eval});
     vlatune::reports::render_report(in);
+  });
+}
+
+TEST_CASE("Fuzz: every mutated train_config.json and checkpoint state.json is accepted or refused with a FormatError",
+          "[formats][fuzz]") {
+  const std::string config = R"({"schema": "vlatune.train_config/2", "run_id": "0123456789abcdef", "config": "tiny",
+    "data": "/data/libero", "recipe_source": "/home/u/recipe.json", "init_weights": null, "device": "cpu",
+    "steps": 100, "lr": 5e-05, "warmup_steps": 10, "decay_steps": 1000, "decay_lr": 5e-05, "clip_norm": 1.0,
+    "weight_decay": 1e-10, "beta1": 0.9, "beta2": 0.95, "eps": 1e-08, "ema_decay": 0.999, "loss_action_dim": 7,
+    "seed": 18446744073709551615, "timing_warmup": 3, "checkpoint_every": 10, "keep_last": 3,
+    "max_consecutive_nonfinite": 10, "workers": 4, "augment": true, "save": true, "world_size": 2,
+    "dist_buckets": "groups"})";
+  fuzz({config}, 5, kIterations, [](const std::string& text) {
+    const TrainConfig c = parse_train_config(parse_json_text(text, "train_config.json"), "train_config.json");
+    if (!(parse_train_config(train_config_to_json(c), "again.json") == c))
+      throw std::logic_error("train config does not read back equal");
+  });
+  const std::string state = R"({"schema": "vlatune.checkpoint/2", "run_id": "0123456789abcdef", "next_step": 20,
+    "optimizer": {"precision": "bf16", "scalars": {"step": 20, "skipped_steps": 1, "beta1": 0.9}}, "ema": true,
+    "trainer": {"skipped_steps": 1, "data_fingerprint": "synthetic", "seed": 42, "lr_next": 5e-05},
+    "files": {"model.safetensors": "xxh64:00112233445566aa", "optimizer.safetensors": "xxh64:0123456789abcdef",
+              "ema.safetensors": "xxh64:fedcba9876543210"}})";
+  CheckpointExpectations expected;
+  expected.run_id = "0123456789abcdef";
+  expected.max_next_step = 100;
+  expected.seed = 42;
+  expected.optimizer_precision = "bf16";
+  expected.ema = true;
+  fuzz({state}, 6, kIterations, [&](const std::string& text) {
+    const CheckpointState s = parse_checkpoint_state(parse_json_text(text, "state.json"), "state.json");
+    if (!(parse_checkpoint_state(checkpoint_state_to_json(s), "again.json") == s))
+      throw std::logic_error("checkpoint state does not read back equal");
+    check_checkpoint_state(s, "state.json", expected);
   });
 }

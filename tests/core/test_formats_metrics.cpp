@@ -46,7 +46,8 @@ MetricsRow row_at(int64_t step) {
   return r;
 }
 
-const char* kHeader = "{\"schema\":\"vlatune.metrics/1\"}\n";
+const char* kHeader = "{\"schema\":\"vlatune.metrics/1\"}\n";   // read, no longer written
+const char* kHeader2 = "{\"schema\":\"vlatune.metrics/2\"}\n";  // what writers write
 const char* kRow =
     R"({"step":0,"loss":0.5,"grad_norm":1.0,"lr":0.0001,"samples_per_s":40.0,"step_ms":800.0,"data_wait_ms":0.1,"peak_gib":70.0,"skipped":false})";
 
@@ -85,7 +86,7 @@ TEST_CASE("Metrics rows written one by one read back equal, with a header first"
     CHECK(read_metrics(path).size() == 3);
   }
   const std::string text = read_text_file(path);
-  CHECK(text.rfind(kHeader, 0) == 0);
+  CHECK(text.rfind(kHeader2, 0) == 0);
   CHECK(std::count(text.begin(), text.end(), '\n') == 4);
   const auto back = read_metrics(path);
   std::vector<MetricsRow> expected = rows;
@@ -99,7 +100,7 @@ TEST_CASE("write_metrics and read_metrics round-trip, including an empty run", "
   TempDir dir("metrics");
   const std::string path = dir.file("m.jsonl");
   write_metrics({}, path);
-  CHECK(read_text_file(path) == kHeader);
+  CHECK(read_text_file(path) == kHeader2);
   CHECK(read_metrics(path).empty());
   const std::vector<MetricsRow> rows = {row_at(5), row_at(6)};
   write_metrics(rows, path);
@@ -153,8 +154,8 @@ TEST_CASE("Metrics steps must increase from line to line", "[formats][metrics]")
 TEST_CASE("A metrics file needs its header on line 1 and only there", "[formats][metrics]") {
   CHECK_THAT(error_of("").what(), Catch::StartsWith("metrics.jsonl:1: empty file"));
   CHECK_THAT(error_of(std::string(kRow) + "\n").what(), Catch::StartsWith("metrics.jsonl:1: $.schema: missing header"));
-  CHECK_THAT(error_of("{\"schema\":\"vlatune.metrics/2\"}\n").what(),
-             Catch::StartsWith("metrics.jsonl:1: $.schema: expected \"vlatune.metrics/1\""));
+  CHECK_THAT(error_of("{\"schema\":\"vlatune.metrics/3\"}\n").what(),
+             Catch::StartsWith("metrics.jsonl:1: $.schema: expected \"vlatune.metrics/2\" (or \"vlatune.metrics/1\")"));
   CHECK_THAT(error_of("{\"schema\":\"vlatune.metrics/1\",\"x\":1}\n").what(),
              Catch::StartsWith("metrics.jsonl:1: $.x: unknown key"));
   CHECK_THAT(error_of(std::string(kHeader) + kHeader).what(),
@@ -226,4 +227,145 @@ TEST_CASE("Resuming a missing or corrupt metrics file is an error naming it", "[
   const std::string path = dir.file("m.jsonl");
   std::ofstream(path) << kHeader << row_with("lr", "\"x\"") << "\n";
   CHECK_THROWS_WITH(MetricsWriter::resume(path, 3), Catch::StartsWith(path + ":2: $.lr: "));
+}
+
+namespace {
+
+EvalRow eval_at(int64_t step) {
+  EvalRow r;
+  r.step = step;
+  r.loss = 0.25 + 0.01 * static_cast<double>(step);
+  r.action_mae = 0.013;
+  r.action_rmse = 0.021;
+  r.action_mae_per_dim = {0.01, 0.02, 0.005};
+  r.action_rmse_per_dim = {0.015, 0.03, 0.006};
+  r.samples = 64;
+  r.batches = 8;
+  r.sample_steps = 10;
+  r.eval_ms = 812.5;
+  return r;
+}
+
+const char* kEval =
+    R"({"kind":"eval","step":0,"loss":0.2,"action_mae":0.1,"action_rmse":0.2,"action_mae_per_dim":[0.1,0.1],"action_rmse_per_dim":[0.2,0.2],"samples":8,"batches":2,"sample_steps":10,"eval_ms":5.0})";
+
+std::string eval_with(const std::string& key, const std::string& value) {
+  auto j = nlohmann::json::parse(kEval);
+  j[key] = nlohmann::json::parse(value);
+  return j.dump();
+}
+
+}  // namespace
+
+namespace vlatune::formats {
+std::ostream& operator<<(std::ostream& os, const EvalRow& r) {
+  return os << eval_row_to_json(r).dump();
+}
+}  // namespace vlatune::formats
+
+TEST_CASE("Evaluation rows interleave with training rows and read back by kind", "[formats][metrics]") {
+  TempDir dir("metrics");
+  const std::string path = dir.file("metrics.jsonl");
+  std::vector<EvalRow> evals = {eval_at(1), eval_at(3)};
+  evals[1].loss = kNaN;  // a diverged model: written as null
+  evals[1].action_mae_per_dim[2] = std::numeric_limits<double>::infinity();
+  {
+    MetricsWriter w = MetricsWriter::create(path);
+    for (int64_t s = 0; s < 4; ++s) {
+      w.append(row_at(s));
+      if (s == 1 || s == 3) w.append(evals[s == 1 ? 0 : 1]);
+    }
+    CHECK(w.last_eval_step() == 3);
+  }
+  const MetricsLog log = read_metrics_log(path);
+  CHECK(log.train.size() == 4);
+  evals[1].action_mae_per_dim[2] = kNaN;
+  CHECK(log.eval == evals);
+  CHECK(read_metrics(path) == log.train);  // the training rows alone
+  // write_metrics_log puts each evaluation after its step's training row: the same bytes as the writer's.
+  const std::string again = dir.file("again.jsonl");
+  write_metrics_log(log, again);
+  CHECK(read_text_file(again) == read_text_file(path));
+  CHECK(read_text_file(path).find(R"("loss":null)") != std::string::npos);
+}
+
+TEST_CASE("Bad evaluation rows are reported as file:LINE: $.field", "[formats][metrics]") {
+  struct Case {
+    std::string line;
+    const char* path;
+    const char* reason;
+  };
+  const Case cases[] = {
+      {eval_with("kind", "\"train\""), "$.kind", "expected \"eval\" (training rows carry no \"kind\")"},
+      {eval_with("action_rmse_per_dim", "[0.1]"), "$.action_rmse_per_dim", "expected 2 entries"},
+      {eval_with("action_mae_per_dim", "[]"), "$.action_mae_per_dim", "at least one entry"},
+      {eval_with("action_mae_per_dim", "[0.1, -1]"), "$.action_mae_per_dim[1]", ">= 0 or null"},
+      {eval_with("samples", "0"), "$.samples", "expected an integer >= 1"},
+      {eval_with("sample_steps", "2.5"), "$.sample_steps", "expected an integer >= 1"},
+      {eval_with("eval_ms", "null"), "$.eval_ms", "got null"},
+      {eval_with("grad_norm", "1"), "$.grad_norm", "unknown key"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.line);
+    const FormatError e = error_of(std::string(kHeader2) + kRow + "\n" + c.line + "\n");
+    CHECK(e.file() == "metrics.jsonl:3");
+    CHECK(e.json_path() == c.path);
+    CHECK_THAT(e.reason(), Catch::Contains(c.reason));
+  }
+  // Evaluation steps increase among themselves, independently of the training rows.
+  const FormatError order = error_of(std::string(kHeader2) + kEval + "\n" + kRow + "\n" + kEval + "\n");
+  CHECK(order.file() == "metrics.jsonl:4");
+  CHECK_THAT(order.reason(), Catch::Contains("evaluation step 0 does not follow evaluation step 0"));
+  // A version-1 file has no evaluation rows.
+  const FormatError v1 = error_of(std::string(kHeader) + kRow + "\n" + kEval + "\n");
+  CHECK(v1.json_path() == "$.kind");
+  CHECK_THAT(v1.reason(), Catch::Contains("evaluation rows need the header \"vlatune.metrics/2\""));
+}
+
+TEST_CASE("The metrics writer refuses evaluation rows out of order or unreadable", "[formats][metrics]") {
+  TempDir dir("metrics");
+  const std::string path = dir.file("metrics.jsonl");
+  MetricsWriter w = MetricsWriter::create(path);
+  w.append(row_at(0));
+  w.append(eval_at(0));
+  CHECK_THROWS_WITH(w.append(eval_at(0)), Catch::StartsWith(path + ":4: $.step: evaluation step 0 does not follow"));
+  EvalRow bad = eval_at(1);
+  bad.action_rmse_per_dim.pop_back();
+  CHECK_THROWS_WITH(w.append(bad), Catch::StartsWith(path + ":4: $.action_rmse_per_dim: "));
+  bad = eval_at(1);
+  bad.eval_ms = kNaN;
+  CHECK_THROWS_WITH(w.append(bad), Catch::StartsWith(path + ":4: $.eval_ms: "));
+  w.append(row_at(1));
+  CHECK(read_metrics_log(path).eval == std::vector<EvalRow>{eval_at(0)});
+}
+
+TEST_CASE("Resuming drops evaluation rows after the checkpoint and upgrades a version-1 header", "[formats][metrics]") {
+  TempDir dir("metrics");
+  const std::string path = dir.file("metrics.jsonl");
+  {
+    MetricsWriter w = MetricsWriter::create(path);
+    for (int64_t s = 0; s < 6; ++s) {
+      w.append(row_at(s));
+      if (s % 2 == 1) w.append(eval_at(s));
+    }
+  }
+  {
+    MetricsWriter w = MetricsWriter::resume(path, 3);
+    CHECK(w.last_step() == 3);
+    CHECK(w.last_eval_step() == 3);
+    w.append(row_at(4));
+    w.append(eval_at(4));
+  }
+  const MetricsLog log = read_metrics_log(path);
+  CHECK(log.train.size() == 5);
+  CHECK(log.eval == std::vector<EvalRow>{eval_at(1), eval_at(3), eval_at(4)});
+
+  const std::string old = dir.file("v1.jsonl");
+  std::ofstream(old) << kHeader << kRow << "\n";
+  {
+    MetricsWriter w = MetricsWriter::resume(old, 10);
+    w.append(eval_at(0));
+  }
+  CHECK(read_text_file(old).rfind(kHeader2, 0) == 0);
+  CHECK(read_metrics_log(old).eval.size() == 1);
 }

@@ -33,6 +33,7 @@ Recipe full_recipe() {
   r.data.trim_multiple = 8;
   r.model_options.skip_dead = false;
   r.model_options.attention = Attention::kMaterialized;
+  r.model_options.attention_backend = AttentionBackend::kFlash;
   r.model_options.precision = Precision::kFp32Master;
   r.model_options.cuda_graph_step = true;
   r.recompute.modules = {"paligemma_with_expert.paligemma.model.language_model.layers.*.mlp"};
@@ -308,4 +309,56 @@ TEST_CASE("optimizer.state_dtype is written only when not auto, changes the hash
              Catch::Equals("recipe.json: $.optimizer.state_dtype: expected one of \"auto\", \"int8-blockwise\", got "
                            "string \"int8\""));
   CHECK(error_of(R"({"optimizer": {"state": "int8-blockwise"}})").json_path() == "$.optimizer.state");
+}
+
+TEST_CASE("model_options.attention_backend reads every backend, is written only when set, and enters the hash",
+          "[formats][recipe]") {
+  const std::vector<std::pair<std::string, AttentionBackend>> backends = {{"auto", AttentionBackend::kAuto},
+                                                                          {"cudnn", AttentionBackend::kCudnn},
+                                                                          {"flash", AttentionBackend::kFlash},
+                                                                          {"sdpa", AttentionBackend::kSdpa}};
+  for (const auto& [name, backend] : backends) {
+    INFO(name);
+    const Recipe r =
+        parse_recipe(json::parse(R"({"model_options": {"attention_backend": ")" + name + R"("}})"), "recipe.json");
+    CHECK(r.model_options.attention_backend == backend);
+    CHECK(std::string(to_string(backend)) == name);
+    const json written = recipe_to_json(r);
+    CHECK(written["model_options"].contains("attention_backend") == (backend != AttentionBackend::kAuto));
+    CHECK((recipe_hash(r) == recipe_hash(Recipe{})) == (backend == AttentionBackend::kAuto));
+  }
+  const FormatError e = error_of(R"({"model_options": {"attention_backend": "fast"}})");
+  CHECK(e.json_path() == "$.model_options.attention_backend");
+  CHECK_THAT(e.what(), Catch::Contains("\"auto\", \"cudnn\", \"flash\", \"sdpa\""));
+}
+
+TEST_CASE("The keys behind a recipe hash difference are named, pattern lists as sets", "[formats][recipe]") {
+  const Recipe base = full_recipe();
+  CHECK(recipe_differences(base, base).empty());
+  Recipe explained = base;
+  explained.predicted.step_ms = 1.0;
+  std::swap(explained.fp8.modules[0], explained.fp8.modules[1]);
+  CHECK(recipe_differences(base, explained).empty());  // equal hashes, no differences
+
+  Recipe other = base;
+  other.batch.micro_batch = 2;
+  other.model_options.precision = Precision::kBf16;
+  other.model_options.cuda_graph_step = false;
+  other.fp8.modules.erase(other.fp8.modules.begin());
+  other.fp8.modules.push_back("time_mlp_in");
+  other.groups.pop_back();
+  const std::vector<std::string> d = recipe_differences(base, other);
+  REQUIRE(recipe_hash(base) != recipe_hash(other));
+  auto has = [&d](const std::string& text) {
+    for (const auto& line : d)
+      if (line.find(text) != std::string::npos) return true;
+    return false;
+  };
+  CHECK(has("batch.micro_batch: " + std::to_string(base.batch.micro_batch) + " vs 2"));
+  CHECK(has("model_options.precision: \"fp32-master\" vs \"bf16\""));
+  CHECK(has("model_options.cuda_graph: \"step\" vs \"off\""));
+  CHECK(has("fp8.modules: added \"time_mlp_in\"; removed \"" + base.fp8.modules.front() + "\""));
+  CHECK(
+      has("groups: " + std::to_string(base.groups.size()) + " vs " + std::to_string(other.groups.size()) + " entries"));
+  CHECK_FALSE(has("predicted"));
 }

@@ -1,11 +1,13 @@
 // FP8 selector: measured ratio over the margin, casts and recomputation counted, exclusions with reasons.
 #include <catch2/catch.hpp>
 
+#include "formats/fqn_pattern.h"
 #include "tuner/fp8_selector.h"
-#include "tuner/pi05_layout.h"
 
 using namespace vlatune;
 using namespace vlatune::tuner;
+using vlatune::formats::compact_patterns;
+using vlatune::formats::pattern_covers;
 
 namespace {
 

@@ -1,4 +1,4 @@
-// The recompute unit `...language_model.layers.i.mlp.gate_proj+up_proj` in the tuner (issue 7): a candidate
+// The recompute unit `...language_model.layers.i.mlp.gate_proj+up_proj` in the tuner: a candidate
 // named by its merged GEMM (no module row), sized from the GEMM inventory (time: the GEMM's forward at the
 // profiled precision; bytes: the profile's output bytes of the unit, else rows x N x 2), nested in its MLP and
 // joint layer, calibrated by an A/B row of its class when the profile has one, and emitted as recipe patterns.
@@ -10,12 +10,13 @@
 
 #include "formats/fqn_pattern.h"
 #include "formats/profile.h"
+#include "layout/pi05.h"
 #include "tuner/cost_model.h"
-#include "tuner/pi05_layout.h"
 #include "tuner/planner.h"
 
 using namespace vlatune;
 using namespace vlatune::tuner;
+using namespace vlatune::layout;
 
 namespace {
 

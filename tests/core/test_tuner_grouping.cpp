@@ -5,10 +5,12 @@
 #include <random>
 #include <vector>
 
+#include "layout/pi05.h"
 #include "tuner/grouping.h"
-#include "tuner/pi05_layout.h"
 
 using namespace vlatune::tuner;
+using vlatune::layout::group_pieces;
+using vlatune::layout::GroupPiece;
 
 namespace {
 

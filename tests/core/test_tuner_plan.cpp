@@ -17,6 +17,7 @@
 #include "formats/profile.h"
 #include "formats/recipe.h"
 #include "formats/run_record.h"
+#include "reports/report.h"
 #include "tuner/cost_model.h"
 #include "tuner/grid.h"
 #include "tuner/planner.h"
@@ -331,7 +332,7 @@ TEST_CASE("plan rejects profiles it cannot use, naming the file and JSON path", 
     CHECK(e.file() == "profile.json");
     CHECK(e.json_path() == "$.batches[0].modules");
   }
-  SECTION("no peak memory (a CPU profile)") {
+  SECTION("no peak memory in a CUDA profile") {
     json j = synthetic_json();
     j["batches"][0]["peak_gib"] = nullptr;
     CHECK(format_error_of(j).json_path() == "$.batches[0].peak_gib");
@@ -372,6 +373,80 @@ TEST_CASE("plan rejects profiles it cannot use, naming the file and JSON path", 
     j["recipe"]["recompute"]["modules"] = {kVL + "*", "paligemma_with_expert.paligemma.model.vision_tower"};
     CHECK(format_error_of(j).json_path().rfind("$.recipe.recompute.modules[", 0) == 0);
   }
+}
+
+TEST_CASE("a CPU profile plans from its estimated peak and this machine's memory, and says so", "[tuner][plan]") {
+  json j = synthetic_json();
+  j["settings"]["device"] = "cpu";
+  j["settings"]["gpu_memory_gib"] = nullptr;
+  for (auto& b : j["batches"]) {
+    b["peak_gib"] = nullptr;
+    b["memory"]["activation_bytes"] = nullptr;
+    b["memory"]["peak_gib_by_phase"] = json::object();
+  }
+  const formats::Profile cpu = formats::parse_profile(j, "cpu.json");
+  PlanOptions o = at_batch(32);
+  o.host_memory_gib = 512;
+  const PlanResult r = plan(cpu, "cpu.json", o);
+  CHECK(r.budget_gib == Approx(512 * 0.95));
+  // Parameters + gradients + optimizer state + the outermost rows' activations, at the profiled batch.
+  const auto& mem = cpu.batches[0].memory;
+  CHECK(r.baseline.peak_gib > static_cast<double>(*mem.parameter_bytes + *mem.gradient_bytes) / kGiB);
+  bool estimated = false, machine = false;
+  for (const auto& x : r.recipe.rationale) {
+    estimated =
+        estimated || (x.decision.rfind("cost model", 0) == 0 && x.reason.find("estimated") != std::string::npos);
+    machine = machine || x.reason.find("this machine's 512.0 GiB") != std::string::npos;
+  }
+  CHECK(estimated);
+  CHECK(machine);
+  SECTION("without this machine's memory the budget must be given") {
+    o.host_memory_gib.reset();
+    CHECK(input_error_of(cpu, o).find("--memory-budget") != std::string::npos);
+  }
+  SECTION("without parameter bytes nothing can be estimated") {
+    j["batches"][0]["memory"]["parameter_bytes"] = nullptr;
+    const auto e = format_error_of(j, o);
+    CHECK(e.json_path() == "$.batches[0].memory.parameter_bytes");
+  }
+}
+
+TEST_CASE("plan marks the chosen candidate and says which rule passed over a faster one", "[tuner][plan]") {
+  const PlanResult r = plan(synthetic(), kSynthetic, PlanOptions{});
+  int chosen = 0;
+  for (const auto& x : r.recipe.rationale) {
+    if (x.decision.rfind("candidate: ", 0) != 0 || !x.numbers.count("chosen")) continue;
+    ++chosen;
+    CHECK(x.numbers.at("micro_batch") == r.recipe.batch.micro_batch);
+    CHECK(x.numbers.at("predicted_samples_per_s") == Approx(r.predicted.samples_per_s));
+  }
+  CHECK(chosen == 1);
+  // The report's candidate scatter highlights that one.
+  const auto cands = vlatune::reports::recipe_candidates(r.recipe);
+  CHECK(std::count_if(cands.begin(), cands.end(), [](const auto& c) { return c.chosen; }) == 1);
+  // Batch 40 predicts +1.5% but is extrapolated: the +2% rule keeps batch 32.
+  bool rule = false;
+  for (const auto& x : r.recipe.rationale)
+    rule =
+        rule || (x.decision == "micro-batch 32" && x.reason.find("outside the profiled batches") != std::string::npos &&
+                 x.reason.find("+2.0%") != std::string::npos);
+  CHECK(rule);
+  const std::string text = format_explain(r);
+  CHECK(text.find("* = the plan") != std::string::npos);
+  CHECK(text.find("\n  *     32 ") != std::string::npos);
+  CHECK(text.find("more samples/s than the plan, not chosen: batch 36 (43.51), batch 40 (43.81)") != std::string::npos);
+  CHECK(text.find("an extrapolated batch is chosen only when it beats the best batch inside the profiled range by "
+                  "+2.0%") != std::string::npos);
+}
+
+TEST_CASE("a noisy profile is warned about, in the result and the rationale", "[tuner][plan]") {
+  CHECK(plan(synthetic(), kSynthetic, at_batch(32)).warnings.empty());
+  json j = synthetic_json();
+  j["batches"][0]["step_ms_samples"] = {700.0, 765.73, 830.0, 765.73, 700.0, 830.0};
+  const PlanResult r = plan(formats::parse_profile(j, "noisy.json"), "noisy.json", at_batch(32));
+  REQUIRE(r.warnings.size() == 1);
+  CHECK(r.warnings[0].find("high step noise: 8.4%") != std::string::npos);
+  CHECK(format_explain(r).find("- warning: high step noise") != std::string::npos);
 }
 
 TEST_CASE("plan rejects impossible budgets and bad flags, naming the flag", "[tuner][plan][errors]") {

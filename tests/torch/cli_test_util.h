@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "temp_dir.h"
+
 #include <stdlib.h>
 
 #include <sstream>
@@ -29,10 +31,7 @@ inline CliResult run_cli(std::vector<std::string> args) {
 }
 
 inline std::string temp_dir(const std::string& tag = "cli") {
-  std::string templ = "/tmp/vlatune-" + tag + "-XXXXXX";
-  const char* dir = ::mkdtemp(templ.data());
-  REQUIRE(dir != nullptr);
-  return dir;
+  return make_temp_dir(tag);
 }
 
 }  // namespace vlatune::test

@@ -16,6 +16,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "temp_dir.h"
+
 #if defined(VLATUNE_HAVE_SENTENCEPIECE)
 #include <fcntl.h>
 #include <sentencepiece_trainer.h>
@@ -23,21 +25,9 @@
 
 namespace vlatune::test {
 
-struct TempTree {
-  std::string dir;
-  TempTree() {
-    std::string tmpl = "/tmp/vlatune_data_XXXXXX";
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    dir = tmpl;
-  }
-  ~TempTree() {
-    ::nftw(
-        dir.c_str(), [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }, 16,
-        FTW_DEPTH | FTW_PHYS);
-  }
-  TempTree(const TempTree&) = delete;
-  TempTree& operator=(const TempTree&) = delete;
-  std::string operator/(const std::string& name) const { return dir + "/" + name; }
+// A temporary directory tree of the data cases, removed afterwards.
+struct TempTree : TempDir {
+  TempTree() : TempDir("data") {}
 };
 
 inline std::string read_file_bytes(const std::string& path) {

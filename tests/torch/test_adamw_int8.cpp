@@ -331,6 +331,7 @@ TEST_CASE("A tiny run with 8-bit AdamW state resumes bit-identical to a straight
   auto options = [&](const std::string& out, int64_t steps) {
     vlatune::trainer::TrainOptions o;
     o.config = "tiny";
+    o.data = "synthetic";
     o.device = "cpu";
     o.out = out;
     o.recipe_path = recipe;
@@ -375,10 +376,14 @@ TEST_CASE("A tiny run with 8-bit AdamW state resumes bit-identical to a straight
     }
   }
   CHECK(quantized > 0);  // the tiny model's tensors of >= kInt8StateMinNumel elements hold 8-bit moments
-  // run.json's recipe hash is the 8-bit recipe's, not the default's.
+  // The recipe the run recorded (--batch written in) keeps the key, and run.json's recipe hash is that recipe's.
   const auto run = vlatune::formats::read_run_record(dir + "/straight/run.json");
-  CHECK(run.environment.recipe_hash == vlatune::formats::recipe_hash(vlatune::formats::read_recipe(recipe)));
-  CHECK(run.environment.recipe_hash != vlatune::formats::recipe_hash(vlatune::formats::Recipe{}));
+  const auto recorded = vlatune::formats::read_recipe(dir + "/straight/recipe.json");
+  CHECK(recorded.optimizer.state_dtype == vlatune::formats::StateDtype::kInt8Blockwise);
+  CHECK(run.environment.recipe_hash == vlatune::formats::recipe_hash(recorded));
+  vlatune::formats::Recipe without = recorded;
+  without.optimizer.state_dtype = vlatune::formats::StateDtype::kAuto;
+  CHECK(run.environment.recipe_hash != vlatune::formats::recipe_hash(without));
 }
 
 TEST_CASE("The fused CUDA 8-bit AdamW equals the CPU reference bit for bit for every storage",

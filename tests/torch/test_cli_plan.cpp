@@ -45,6 +45,16 @@ TEST_CASE("vlatune plan writes an explained recipe and the grid candidates", "[c
   CHECK(cmp.out.find("not measured yet") != std::string::npos);
 }
 
+TEST_CASE("vlatune plan --explain without --out prints the plan and writes nothing", "[cli][plan]") {
+  auto r = run_cli({"plan", "--profile", kProfile, "--batch", "32", "--explain"});
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("predicted: step") != std::string::npos);
+  CHECK(r.out.find("samples/s)\n") == std::string::npos);  // no "recipe: FILE (predicted ...)" line
+  auto neither = run_cli({"plan", "--profile", kProfile});
+  CHECK(neither.code == vlatune::cli::kExitBadInput);
+  CHECK(neither.err.find("--out") != std::string::npos);
+}
+
 TEST_CASE("vlatune plan exits 4 on a bad profile or flag, naming it", "[cli][plan]") {
   const std::string dir = temp_dir();
   {
@@ -78,7 +88,8 @@ TEST_CASE("vlatune train reports predicted vs measured step time for a planned r
        "3",          "--timing-warmup",    "1",    "--workers",    "1",   "--recipe", dir + "/recipe.json", "--out",
        dir + "/run", "--checkpoint-every", "0",    "--no-progress"});
   REQUIRE(r.code == 0);
-  CHECK(r.out.find("plan: step predicted 1.00 ms vs measured ") != std::string::npos);
+  CHECK(r.out.find("plan: step time measured ") != std::string::npos);
+  CHECK(r.out.find(", predicted 1.00 ms (the prediction is ") != std::string::npos);
 }
 
 TEST_CASE("vlatune plan: --out over its --profile is refused (4); an unwritable --out is a failure (1)",

@@ -12,6 +12,8 @@
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
+#include "temp_dir.h"
+
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -44,10 +46,7 @@ namespace {
 using vlatune::trainer::DistEnv;
 
 std::string temp_dir(const std::string& tag) {
-  std::string templ = "/tmp/vlatune-dist-" + tag + "-XXXXXX";
-  const char* dir = ::mkdtemp(templ.data());
-  REQUIRE(dir != nullptr);
-  return dir;
+  return vlatune::test::make_temp_dir("dist_" + tag);
 }
 
 std::string read_text(const std::string& path) {
@@ -880,11 +879,30 @@ TEST_CASE("vlatune launch --nproc 2 -- train: the same weights as one process wi
   CHECK_THAT(read_text(dir + "/bad.log"), Catch::Contains("cannot share them evenly"));
 }
 
+TEST_CASE("A multi-process recipe's prediction is compared with the measured step, its sign spelled out",
+          "[distributed][gloo][cli]") {
+  const std::string dir = temp_dir("planned");
+  // A plan for 2 processes at micro-batch 2: the per-process batch (not the global one) is the plan's.
+  std::ofstream(dir + "/x2.json") << R"({"schema": "vlatune.recipe/1", "batch": {"micro_batch": 2},
+    "distributed": {"world_size": 2}, "predicted": {"step_ms": 100000.0}})";
+  const std::string port = std::to_string(free_port());
+  const int rc = run_vlatune("launch --nproc 2 --master-port " + port + " -- train " + kTrainArgs +
+                                 " --steps 1 --recipe " + dir + "/x2.json --out " + dir + "/run",
+                             dir + "/run.log");
+  const std::string log = read_text(dir + "/run.log");
+  INFO(log);
+  REQUIRE(rc == 0);
+  CHECK_THAT(log, Catch::Contains("plan: step time measured") &&
+                      Catch::Contains("predicted 100000.00 ms (the prediction is") &&
+                      Catch::Contains("% above the measurement)"));
+}
+
 TEST_CASE("vlatune launch --nproc 2 -- profile: every rank steps, rank 0 writes profile.json",
           "[distributed][gloo][cli]") {
   const std::string dir = temp_dir("profile");
   const int rc = run_vlatune(
-      "launch --nproc 2 -- profile --config tiny --device cpu --batch 2 --steps 1 --warmup 0 --timed-steps 1 "
+      "launch --nproc 2 -- profile --config tiny --device cpu --data synthetic --batch 2 --steps 1 --warmup 0 "
+      "--timed-steps 1 "
       "--trace-steps 0 --ab-steps 0 --gemm-reps 0 --out " +
           dir + "/prof",
       dir + "/profile.log");

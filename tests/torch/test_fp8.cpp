@@ -1,4 +1,4 @@
-// FP8 (issue 7): the quantization reference (scales, saturation, e4m3/e5m2 rounding, amax history), the FP8 Linear
+// FP8: the quantization reference (scales, saturation, e4m3/e5m2 rounding, amax history), the FP8 Linear
 // (CPU emulation of the GEMMs) against the bf16/fp32 Linear, the model's FP8 selection and its refusals; on the
 // GPU ([.gpu]) the fused quantization kernel byte for byte against the CPU reference, and the FP8 Linear's
 // _scaled_mm path against its CPU emulation.

@@ -57,6 +57,17 @@ TEST_CASE("--max-memory is accepted on the CPU and says it has no effect there",
   CHECK(r.out.find("--max-memory 22.0 GiB: no effect on the CPU") != std::string::npos);
 }
 
+TEST_CASE("--max-memory may be given with --resume: it caps this device, not the run", "[cli][train][memory]") {
+  const std::string dir = temp_dir("maxmem");
+  auto args = tiny_train(dir + "/run", "cpu");
+  args.pop_back();  // --no-save: the resume needs the run's checkpoint
+  REQUIRE(run_cli(args).code == 0);
+  const auto r = run_cli({"train", "--resume", dir + "/run", "--steps", "2", "--no-progress", "--max-memory", "22"});
+  INFO(r.err);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("--max-memory 22.0 GiB: no effect on the CPU") != std::string::npos);
+}
+
 TEST_CASE("An out-of-memory failure names the cap, the predicted peak and the planned budget", "[train][memory]") {
   vlatune::formats::Recipe planned;
   planned.predicted.peak_gib = 21.34;

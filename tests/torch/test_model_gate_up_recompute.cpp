@@ -1,4 +1,4 @@
-// The recompute unit `...language_model.layers.i.mlp.gate_proj+up_proj` (issue 7): the backbone MLP's merged gate+up
+// The recompute unit `...language_model.layers.i.mlp.gate_proj+up_proj`: the backbone MLP's merged gate+up
 // GEMM output is not kept from forward to backward but computed again by the same GEMM at the start of the MLP's
 // backward. Loss and every gradient must be bit-identical to the unit not selected, on every path (reference,
 // fused bf16 structure, FP8 in every gate+up/down precision mix); the unit nests in its MLP and its joint layer;
@@ -15,10 +15,10 @@
 
 #include "formats/json_error.h"
 #include "formats/recipe.h"
+#include "layout/pi05.h"
 #include "model/pi05.h"
 #include "model_step_test_util.h"
 #include "profiler/scope.h"
-#include "profiler/session.h"
 #include "scope_sink_test_util.h"
 #include "trainer/recipe_apply.h"
 
@@ -288,7 +288,7 @@ TEST_CASE("The shipped FP8 recipe applies to the full model and recomputes eight
 TEST_CASE("The profiler's A/B classes include the backbone MLPs' gate+up outputs", "[recompute][profiler]") {
   Pi05Impl model(Pi05Config::tiny());
   std::map<std::string, std::vector<std::string>> classes;
-  for (const auto& [name, fqns] : vlatune::profiler::recompute_classes(model)) classes[name] = fqns;
+  for (const auto& [name, fqns] : vlatune::layout::recompute_classes(model.recomputable_fqns())) classes[name] = fqns;
   REQUIRE(classes.count("backbone_mlp_gate_up") == 1);
   CHECK(classes.at("backbone_mlp_gate_up") == std::vector<std::string>{gate_up(0), gate_up(1)});
   CHECK(classes.at("backbone_mlp") == std::vector<std::string>{kLm + "0.mlp", kLm + "1.mlp"});

@@ -9,6 +9,8 @@
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
+#include "temp_dir.h"
+
 #include <unistd.h>
 
 #include <atomic>
@@ -92,10 +94,8 @@ vlatune::trainer::TrainOptions tiny(const std::string& out, int64_t steps) {
 }
 
 Counts count_run(int64_t steps) {
-  char templ[] = "/tmp/vlatune-opcount-XXXXXX";
-  const char* dir = ::mkdtemp(templ);
-  REQUIRE(dir != nullptr);
-  const std::string out = std::string(dir) + "/run";
+  const vlatune::test::TempDir dir("opcount");
+  const std::string out = dir / "run";
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     g_counts = Counts{};
@@ -105,8 +105,6 @@ Counts count_run(int64_t steps) {
   g_armed = true;
   vlatune::trainer::run_training(tiny(out, steps), log);
   g_armed = false;
-  const int rc = std::system(("rm -rf " + std::string(dir)).c_str());
-  (void)rc;
   std::lock_guard<std::mutex> lock(g_mutex);
   return g_counts;
 }

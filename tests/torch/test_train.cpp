@@ -16,6 +16,7 @@
 
 #include "formats/json_error.h"
 #include "formats/metrics_jsonl.h"
+#include "formats/recipe.h"
 #include "formats/run_record.h"
 #include "model/safetensors_io.h"
 #include "trainer/checkpoint.h"
@@ -100,6 +101,14 @@ TEST_CASE("A resumed run ends bit-identical to a straight run", "[train]") {
   for (int64_t i = 0; i < 4; ++i) CHECK(rows[static_cast<size_t>(i)].step == i);
   auto straight_rows = vlatune::formats::read_metrics(straight + "/metrics.jsonl");
   for (size_t i = 0; i < 4; ++i) CHECK(rows[i].loss == straight_rows[i].loss);
+  // run.json covers the whole run, both segments: the same steps, losses and gradient norms as the straight run's.
+  const auto a = vlatune::formats::read_run_record(straight + "/run.json");
+  const auto b = vlatune::formats::read_run_record(resumed + "/run.json");
+  CHECK(b.steps == 4);
+  CHECK(b.warmup_steps == a.warmup_steps);
+  CHECK(b.step_ms.size() == a.step_ms.size());
+  CHECK(b.loss == a.loss);
+  CHECK(b.grad_norm == a.grad_norm);
 }
 
 TEST_CASE("A run writes metrics, run.json, checkpoints and final weights that read back", "[train]") {
@@ -204,6 +213,44 @@ TEST_CASE("Recipe keys are applied, and features not built yet are refused with 
   auto run = vlatune::formats::read_run_record(base + "/run-good/run.json");
   CHECK(run.batch == 3);
   CHECK(log.str().find("recompute 2 module(s)") != std::string::npos);
+}
+
+TEST_CASE("Flag overrides are written into the run's recipe.json and its recipe_hash", "[train]") {
+  std::ostringstream log;
+  const std::string base = fresh_dir("overrides");
+  ::mkdir(base.c_str(), 0755);
+  // No --recipe: the effective recipe is still written, with the flags in it.
+  auto o = tiny_options(base + "/plain", 1);
+  o.precision = "fp32-master";
+  vlatune::trainer::run_training(o, log);
+  const auto recipe = vlatune::formats::read_recipe(base + "/plain/recipe.json");
+  CHECK(recipe.model_options.precision == vlatune::formats::Precision::kFp32Master);
+  CHECK(recipe.batch.micro_batch == 2);
+  const auto run = vlatune::formats::read_run_record(base + "/plain/run.json");
+  CHECK(run.environment.recipe_hash == vlatune::formats::recipe_hash(recipe));
+  CHECK(run.environment.recipe_hash != vlatune::formats::recipe_hash(vlatune::formats::Recipe{}));
+
+  // A planned recipe run as planned: its prediction is compared, the sign in words. Overridden: it is another
+  // recipe, whose prediction is unknown.
+  const std::string planned = base + "/planned.json";
+  write_text(planned, R"({"schema": "vlatune.recipe/1", "batch": {"micro_batch": 2},
+    "predicted": {"step_ms": 0.001, "peak_gib": 1.0}})");
+  o = tiny_options(base + "/as-planned", 2);
+  o.recipe_path = planned;
+  std::ostringstream planned_log;
+  vlatune::trainer::run_training(o, planned_log);
+  CHECK_THAT(planned_log.str(), Catch::Contains("plan: step time measured ") &&
+                                    Catch::Contains(", predicted 0.00 ms (the prediction is") &&
+                                    Catch::Contains("% below the measurement)"));
+  o = tiny_options(base + "/overridden", 2);
+  o.recipe_path = planned;
+  o.batch = 3;
+  std::ostringstream overridden_log;
+  vlatune::trainer::run_training(o, overridden_log);
+  CHECK(overridden_log.str().find("plan: ") == std::string::npos);
+  const auto written = vlatune::formats::read_recipe(base + "/overridden/recipe.json");
+  CHECK(written.batch.micro_batch == 3);
+  CHECK_FALSE(written.predicted.step_ms.has_value());
 }
 
 TEST_CASE("Non-finite steps are skipped, counted, and too many in a row stop the run", "[train]") {
