@@ -2,6 +2,7 @@
 // first dimension by 4): vlatune's fused multi-tensor AdamW against the ATen reference (per-tensor ops, the CPU
 // path run on the GPU) and torch's own fused kernel (at::_fused_adamw_, what torch.optim.AdamW(fused=True) runs),
 // plus the fused global norm. bf16 parameters, gradients and state ("bf16" precision). GPU time from CUDA events.
+// The 8-bit-state kernel (adamw_step_int8) on the same list.
 //   vlatune_bench --benchmark_filter='adamw|grad_norm' --benchmark_repetitions=10 --benchmark_format=json
 #include <vector>
 
@@ -99,6 +100,32 @@ void BM_adamw_step_fused(benchmark::State& state) {
 #endif
 }
 
+// 8-bit state (optimizer.state_dtype "int8-blockwise"): uint8 codes and an fp32 absmax per 256 elements.
+void BM_adamw_step_int8_fused(benchmark::State& state) {
+  if (!require_cuda(state)) return;
+#ifdef VLATUNE_HAVE_CUDA
+  Lists l = make_lists(state.range(0));
+  vlatune::kernels::AdamwInt8State s;
+  const auto& maps = vlatune::kernels::adamw_quant_maps();
+  for (const torch::Tensor& p : l.p) {
+    const auto opts = p.options();
+    const int64_t blocks = vlatune::kernels::adamw_quant_blocks(p.numel());
+    s.exp_avg.push_back(torch::full_like(p, maps.exp_avg_zero, opts.dtype(torch::kUInt8)));
+    s.exp_avg_sq.push_back(torch::full_like(p, maps.exp_avg_sq_zero, opts.dtype(torch::kUInt8)));
+    s.exp_avg_absmax.push_back(torch::zeros({blocks}, opts.dtype(torch::kFloat32)));
+    s.exp_avg_sq_absmax.push_back(torch::zeros({blocks}, opts.dtype(torch::kFloat32)));
+  }
+  l.m.clear(), l.v.clear();
+  const torch::Tensor scale = torch::ones({}, torch::TensorOptions().device(torch::kCUDA));
+  const auto hp = pi05_params();
+  run_gpu_timed(state, [&] { vlatune::kernels::adamw_step_int8(l.p, l.g, s, nullptr, hp, scale); });
+  set_counters(state, l);
+  // Per element: read p, g (2 B each) and two codes, write p and two codes; 16 B of absmax per 256 elements.
+  state.counters["GB/s"] =
+      benchmark::Counter((10.0 + 16.0 / 256) * l.elements * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+#endif
+}
+
 void BM_adamw_step_aten(benchmark::State& state) {
   if (!require_cuda(state)) return;
 #ifdef VLATUNE_HAVE_CUDA
@@ -139,6 +166,7 @@ void BM_grad_norm_fused(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(BM_adamw_step_fused)->ArgNames({"div"})->Arg(4)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_adamw_step_int8_fused)->ArgNames({"div"})->Arg(4)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_adamw_step_aten)->ArgNames({"div"})->Arg(4)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_adamw_step_torch_fused)->ArgNames({"div"})->Arg(4)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_grad_norm_fused)->ArgNames({"div"})->Arg(4)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);

@@ -27,7 +27,7 @@ std::optional<double> host_memory_gib() {
 
 struct PlanCliOptions {
   tuner::PlanOptions plan;
-  std::string profile, out, batch = "auto", fp8 = "off", grid_dir, compare_grid;
+  std::string profile, out, batch = "auto", fp8 = "off", optimizer_state, grid_dir, compare_grid;
   double memory_budget_gib = 0, allreduce_gbps = 0;
   int grid = 0;
   bool explain = false;
@@ -58,6 +58,9 @@ int run_plan(PlanCliOptions& o, CLI::App& cmd, Context& ctx) {
       }
     }
     p.fp8_auto = o.fp8 == "auto";
+    if (!o.optimizer_state.empty())
+      p.optimizer_state =
+          o.optimizer_state == "int8-blockwise" ? formats::StateDtype::kInt8Blockwise : formats::StateDtype::kAuto;
     p.profile_label = path;
     p.candidates = std::max(1, o.grid);
     p.host_memory_gib = host_memory_gib();
@@ -104,6 +107,10 @@ void setup_plan(CLI::App& app, Context& ctx) {
   cmd->add_option("--fp8", o->fp8,
                   "FP8 Linears: off (plans stay bf16 unless asked) or auto (measured winners, delayed scaling)")
       ->check(CLI::IsMember({"off", "auto"}));
+  cmd->add_option("--optimizer-state", o->optimizer_state,
+                  "AdamW moments: auto (the precision's dtype) or int8-blockwise (8-bit, 2.06 B per parameter); "
+                  "default: the profiled recipe's")
+      ->check(CLI::IsMember({"auto", "int8-blockwise"}));
   cmd->add_option("--fp8-include", o->plan.fp8_include,
                   "Pattern: consider these Linears for FP8 despite the default exclusions (repeatable; default none)")
       ->default_str("");

@@ -16,15 +16,16 @@ namespace {
 
 // What `--resume` may be given with: the run length and bookkeeping. Everything else is the run's own (its
 // train_config.json and recipe.json) and cannot change on resume.
-const char* const kResumeFlags[] = {"--resume",  "--steps",     "--timing-warmup", "--checkpoint-every", "--keep-last",
-                                    "--workers", "--log-every", "--no-progress",   "--dist-timeout",     "--help"};
+const char* const kResumeFlags[] = {"--resume",       "--steps",      "--timing-warmup", "--checkpoint-every",
+                                    "--keep-last",    "--workers",    "--log-every",     "--no-progress",
+                                    "--dist-timeout", "--max-memory", "--help"};
 
 struct TrainCliOptions {
   trainer::TrainOptions train;
   int64_t batch = 0, grad_accum = 0, steps = 0, timing_warmup = 0, checkpoint_every = 0;
   int keep_last = 0, workers = 0;
   std::string precision, reduce_dtype, cuda_graph;
-  double decay_lr = 0;
+  double decay_lr = 0, max_memory_gib = 0;
   bool no_progress = false;
   bool no_save = false;
   bool no_tensorboard = false;
@@ -43,7 +44,7 @@ void refuse_fixed_flags_on_resume(CLI::App& cmd) {
     throw BadInput(
         "--resume continues a run with its own settings (RUNDIR/train_config.json and recipe.json): " + fixed +
         " cannot change; only --steps (to extend the run), --timing-warmup, --checkpoint-every, "
-        "--keep-last, --workers, --log-every, --no-progress and --dist-timeout may be given");
+        "--keep-last, --workers, --log-every, --no-progress, --dist-timeout and --max-memory may be given");
 }
 
 int run_train(TrainCliOptions& o, CLI::App& cmd, Context& ctx) {
@@ -56,6 +57,7 @@ int run_train(TrainCliOptions& o, CLI::App& cmd, Context& ctx) {
   if (cmd.count("--reduce-dtype")) t.reduce_dtype = o.reduce_dtype;
   if (cmd.count("--cuda-graph")) t.cuda_graph = o.cuda_graph;
   if (cmd.count("--decay-lr")) t.decay_lr = o.decay_lr;
+  if (cmd.count("--max-memory")) t.max_memory_gib = o.max_memory_gib;
   if (cmd.count("--timing-warmup")) t.timing_warmup = o.timing_warmup;
   if (cmd.count("--checkpoint-every")) t.checkpoint_every = o.checkpoint_every;
   if (cmd.count("--keep-last")) t.keep_last = o.keep_last;
@@ -112,6 +114,11 @@ void setup_train(CLI::App& app, Context& ctx) {
       ->check(regular_file())
       ->default_str("none: initialized from --seed");
   cmd->add_option("--device", t.device, "auto: the GPU when visible")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  cmd->add_option("--max-memory", o->max_memory_gib,
+                  "GiB: cap the CUDA caching allocator (rehearse a smaller GPU's plan; an over-budget run fails "
+                  "with the recipe's predicted peak). No effect on the CPU")
+      ->check(finite_range(0.001, 1e6))
+      ->default_str("none: the whole GPU");
   cmd->add_option("--precision", o->precision, "bf16 (parameters and AdamW state in bf16) or fp32-master")
       ->check(CLI::IsMember({"bf16", "fp32-master"}))
       ->default_str("the recipe's, bf16");

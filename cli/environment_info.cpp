@@ -18,7 +18,10 @@ std::string version_text() {
   std::ostringstream os;
   os << "vlatune " << VLATUNE_VERSION << " (commit " << trainer::vlatune_commit() << ")\n";
   os << "LibTorch " << VLATUNE_TORCH_VERSION << "\n";
-  os << "CUDA support: " << (kernels::cuda_kernels_built() ? "built (sm_90 kernels)" : "not built") << "\n";
+  os << "CUDA support: "
+     << (kernels::cuda_kernels_built() ? std::string("built (kernels for ") + kernels::cuda_archs_built() + ")"
+                                       : std::string("not built"))
+     << "\n";
   os << profiler::cupti_version_text() << "; " << trainer::nccl_version_text() << "\n";
   os << "GPU: ";
   if (torch::cuda::is_available()) {
@@ -26,7 +29,8 @@ std::string version_text() {
     const cudaDeviceProp* prop = at::cuda::getDeviceProperties(0);
     os << prop->name << " (" << static_cast<int>(torch::cuda::device_count()) << " visible, compute " << prop->major
        << "." << prop->minor << ", " << (prop->totalGlobalMem >> 20) << " MiB; vlatune kernels run sm_"
-       << kernels::device_code_arch() / 10 << " code)";
+       << kernels::device_code_arch() / 10 << " code; FP8 "
+       << (kernels::fp8_supported(kernels::device_compute_capability(0)) ? "yes" : "no, needs compute 8.9") << ")";
 #else
     os << torch::cuda::device_count() << " CUDA device(s) visible";
 #endif

@@ -42,19 +42,27 @@ elseif(VLATUNE_CUDA STREQUAL "ON")
   message(FATAL_ERROR "vlatune: VLATUNE_CUDA=ON but torch ${VLATUNE_TORCH_VERSION} has no CUDA")
 endif()
 
+# The GPUs the .cu files build for, in TORCH_CUDA_ARCH_LIST's form: machine code (SASS) for A100 (8.0), A10 /
+# RTX 30 (8.6), L40S / RTX 4090 / L4 (8.9) and H100 / H200 (9.0), plus compute_90 PTX that the driver compiles for
+# newer GPUs (Blackwell). Only kernels/ has .cu files, so only they pay for the extra architectures; every device
+# feature newer than sm_80 is guarded in the code and checked at run time (kernels/device_caps.h).
+# A developer build for one GPU: -DVLATUNE_CUDA_ARCHS=9.0 (README "Building by hand").
+set(VLATUNE_CUDA_ARCHS "8.0;8.6;8.9;9.0+PTX" CACHE STRING
+    "CUDA architectures of the .cu files (TORCH_CUDA_ARCH_LIST form, e.g. 9.0 for an H100-only build)")
 if(VLATUNE_HAVE_CUDA)
   if(NOT CMAKE_CUDA_ARCHITECTURES)
-    set(CMAKE_CUDA_ARCHITECTURES 90)   # H100/H200; the default (75) would run Hopper code through PTX JIT
+    set(CMAKE_CUDA_ARCHITECTURES 80)   # for enable_language's test compile only (the default, 75, is gone in CUDA 13)
   endif()
-  set(TORCH_CUDA_ARCH_LIST "9.0")
+  set(TORCH_CUDA_ARCH_LIST "${VLATUNE_CUDA_ARCHS}")
+  message(STATUS "vlatune: CUDA architectures ${VLATUNE_CUDA_ARCHS}")
   enable_language(CUDA)
   set(CMAKE_CUDA_STANDARD 17)
   find_package(CUDAToolkit REQUIRED)
 endif()
 
-# Torch's own CMake looks for Python and for the toolkit: give it our interpreter, and the architecture through
-# TORCH_CUDA_ARCH_LIST (it adds -gencode arch=compute_90,code=sm_90 to CMAKE_CUDA_FLAGS and ignores, with a
-# warning, a CMAKE_CUDA_ARCHITECTURES left set).
+# Torch's own CMake looks for Python and for the toolkit: give it our interpreter, and the architectures through
+# TORCH_CUDA_ARCH_LIST (it adds one -gencode per entry to CMAKE_CUDA_FLAGS and ignores, with a warning, a
+# CMAKE_CUDA_ARCHITECTURES left set).
 set(Python_EXECUTABLE "${VLATUNE_PYTHON}")
 unset(CMAKE_CUDA_ARCHITECTURES)
 # The wheel's CUDA libraries (cuBLAS, CUPTI, NCCL, NVRTC, ...) live in site-packages/nvidia/*/lib; torch's own
@@ -76,7 +84,7 @@ if(VLATUNE_HAVE_CUDA)
 endif()
 find_package(Torch REQUIRED)
 if(VLATUNE_HAVE_CUDA)
-  set(CMAKE_CUDA_ARCHITECTURES OFF)  # -gencode comes from torch's CMAKE_CUDA_FLAGS (sm_90 only)
+  set(CMAKE_CUDA_ARCHITECTURES OFF)  # -gencode comes from torch's CMAKE_CUDA_FLAGS (VLATUNE_CUDA_ARCHS)
 endif()
 message(STATUS "vlatune: CUDA kernels/CUPTI/NVTX/NCCL: ${VLATUNE_HAVE_CUDA}")
 

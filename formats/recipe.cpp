@@ -147,6 +147,9 @@ const char* to_string(Fp8Scaling v) {
 const char* to_string(ReduceDtype v) {
   return v == ReduceDtype::kBf16 ? "bf16" : "fp32";
 }
+const char* to_string(StateDtype v) {
+  return v == StateDtype::kAuto ? "auto" : "int8-blockwise";
+}
 
 bool operator==(const Rationale& a, const Rationale& b) {
   return std::tie(a.decision, a.reason, a.numbers) == std::tie(b.decision, b.reason, b.numbers);
@@ -154,12 +157,12 @@ bool operator==(const Rationale& a, const Rationale& b) {
 
 bool operator==(const Recipe& a, const Recipe& b) {
   auto key = [](const Recipe& r) {
-    return std::tie(r.schema, r.model, r.batch.micro_batch, r.batch.grad_accum, r.data.num_images, r.data.trim_text,
-                    r.data.trim_multiple, r.model_options.skip_dead, r.model_options.attention,
-                    r.model_options.attention_backend, r.model_options.precision, r.model_options.cuda_graph_step,
-                    r.recompute.modules, r.fp8.scaling, r.fp8.modules, r.distributed.world_size,
-                    r.distributed.reduce_dtype, r.tuned_on.gpu, r.tuned_on.torch, r.tuned_on.profile,
-                    r.predicted.step_ms, r.predicted.peak_gib, r.predicted.samples_per_s, r.rationale);
+    return std::tie(
+        r.schema, r.model, r.batch.micro_batch, r.batch.grad_accum, r.data.num_images, r.data.trim_text,
+        r.data.trim_multiple, r.model_options.skip_dead, r.model_options.attention, r.model_options.attention_backend,
+        r.model_options.precision, r.model_options.cuda_graph_step, r.recompute.modules, r.fp8.scaling, r.fp8.modules,
+        r.optimizer.state_dtype, r.distributed.world_size, r.distributed.reduce_dtype, r.tuned_on.gpu, r.tuned_on.torch,
+        r.tuned_on.profile, r.predicted.step_ms, r.predicted.peak_gib, r.predicted.samples_per_s, r.rationale);
   };
   if (key(a) != key(b) || a.groups.size() != b.groups.size()) return false;
   for (size_t i = 0; i < a.groups.size(); ++i) {
@@ -173,8 +176,8 @@ bool operator==(const Recipe& a, const Recipe& b) {
 Recipe parse_recipe(const nlohmann::json& j, const std::string& file) {
   Recipe r;
   const JsonCursor root(j, file);
-  root.expect_object({"schema", "model", "batch", "data", "model_options", "recompute", "fp8", "groups", "distributed",
-                      "tuned_on", "predicted", "rationale"});
+  root.expect_object({"schema", "model", "batch", "data", "model_options", "recompute", "fp8", "groups", "optimizer",
+                      "distributed", "tuned_on", "predicted", "rationale"});
   if (auto v = root.find("schema")) {
     r.schema = v->get_string();
     if (r.schema != kRecipeSchema) {
@@ -198,6 +201,13 @@ Recipe parse_recipe(const nlohmann::json& j, const std::string& file) {
     if (auto m = v->find("modules")) r.fp8.modules = parse_patterns(*m);
   }
   if (auto v = root.find("groups")) parse_groups(*v, r.groups);
+  if (auto v = root.find("optimizer")) {
+    v->expect_object({"state_dtype"});
+    if (auto d = v->find("state_dtype")) {
+      r.optimizer.state_dtype =
+          d->get_enum({"auto", "int8-blockwise"}) == "auto" ? StateDtype::kAuto : StateDtype::kInt8Blockwise;
+    }
+  }
   if (auto v = root.find("distributed")) {
     v->expect_object({"world_size", "reduce_dtype"});
     if (auto w = v->find("world_size")) r.distributed.world_size = get_size(*w);
@@ -268,6 +278,8 @@ nlohmann::json recipe_to_json(const Recipe& r) {
   if (r.model_options.cuda_graph_step) out["model_options"]["cuda_graph"] = "step";
   if (r.model_options.attention_backend != AttentionBackend::kAuto)
     out["model_options"]["attention_backend"] = to_string(r.model_options.attention_backend);
+  if (r.optimizer.state_dtype != StateDtype::kAuto)
+    out["optimizer"] = {{"state_dtype", to_string(r.optimizer.state_dtype)}};
   return out;
 }
 

@@ -32,12 +32,16 @@ enum class Precision { kBf16, kFp32Master };                   // "bf16" | "fp32
 // "delayed": the amax history of the previous casts of that tensor (one pass; the first cast is current).
 enum class Fp8Scaling { kTensorwise, kDelayed };  // "tensorwise" | "delayed"
 enum class ReduceDtype { kBf16, kFp32 };          // "bf16" | "fp32"
+// How AdamW's moments are stored: "auto" = the dtype `precision` gives; "int8-blockwise" = 8-bit codes with an
+// fp32 absmax per 256 values (kernels/adamw.h).
+enum class StateDtype { kAuto, kInt8Blockwise };  // "auto" | "int8-blockwise"
 
 const char* to_string(Attention v);
 const char* to_string(AttentionBackend v);
 const char* to_string(Precision v);
 const char* to_string(Fp8Scaling v);
 const char* to_string(ReduceDtype v);
+const char* to_string(StateDtype v);
 
 // One explained decision of the planner, e.g.
 //   {"decision": "recompute paligemma_with_expert.paligemma.model.language_model.layers.*.mlp",
@@ -81,6 +85,9 @@ struct Recipe {
     std::vector<std::string> modules;  // required, non-empty: FQN patterns
     bool cuda_graph = false;           // capture the group's forward/backward as a CUDA graph
   };
+  struct Optimizer {
+    StateDtype state_dtype = StateDtype::kAuto;
+  };
   struct Distributed {
     int world_size = 1;
     ReduceDtype reduce_dtype = ReduceDtype::kBf16;  // gradient all-reduce dtype
@@ -101,6 +108,7 @@ struct Recipe {
   Recompute recompute;
   Fp8 fp8;
   std::vector<Group> groups;  // empty = the default grouping (one group per named unit)
+  Optimizer optimizer;        // written to JSON only when not all defaults (the default recipe's hash is kept)
   Distributed distributed;
   TunedOn tuned_on;
   Predicted predicted;

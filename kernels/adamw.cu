@@ -1,4 +1,5 @@
-// Fused multi-tensor AdamW and sum of squares (see adamw.h for the math, adamw.md for the design).
+// Fused multi-tensor AdamW (full-precision state) and sum of squares (see adamw.h for the math, adamw.md for the
+// design; the work split and its measured constants: adamw_launch.cuh).
 // Torch-free: raw pointers, a stream, VLATUNE_CUDA_CHECK.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -9,6 +10,7 @@
 #include <string>
 
 #include "kernels/adamw.h"
+#include "kernels/adamw_launch.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/fused_device.cuh"
 
@@ -21,27 +23,7 @@ using fused_detail::block_sum_all;
 using fused_detail::from_float;
 using fused_detail::NvtxRange;
 using fused_detail::to_float;
-
-// Work split. A block owns one chunk of one tensor; the (tensor, chunk) table of a launch travels in the kernel
-// parameters (no host->device copy, no sync), which CUDA >= 12.1 allows up to 32,764 bytes on sm_70+.
-// Choices measured on the H200 (standalone smoke test: 8.4e8 bf16 elements in 986 tensors, the bf16 update; a
-// device-to-device copy of the same 14 B/element moves 4.27 TB/s):
-// - kChunk: 64 Ki elements keeps a block busy for 32 iterations at 512 threads; a 1024-element bias is still a
-//   single (short) block.
-// - kBlock 512, kVec 4: 2.61 TB/s; 256 threads 2.42; kVec 8 (16 B bf16 accesses, 46 registers: 2 blocks/SM) 2.47
-//   at 512 threads, 2.48 at 256, 2.25 at 128.
-// - kMaxTensors/kMaxBlocks 192/3072 (24 KB of parameters): 2.78 TB/s, against 2.61 with 96/1536 — fewer launches,
-//   so fewer partial last waves (3,072 blocks ~ 7.8 waves of 3 resident 512-thread blocks on 132 SMs).
-// - The norm kernel reads 8 elements (16 B of bf16) per access: 3.4-3.6 TB/s against 3.0 with 4.
-constexpr int kChunk = 65536;
-constexpr int kBlock = 512;
-constexpr int kVec = 4;      // elements per thread and iteration in the AdamW kernel: 16 B fp32, 8 B bf16 accesses
-constexpr int kNormVec = 8;  // ... in the norm kernel
-constexpr int kMaxTensors = 192;
-constexpr int kMaxBlocks = 3072;
-constexpr int kFinalizeBlock = 1024;
-static_assert(kChunk % kVec == 0 && kChunk % kNormVec == 0, "chunk starts must keep vector alignment");
-static_assert(kMaxTensors <= 256, "block_tensor is uint8");
+using namespace adamw_detail;  // the work split, launch scalars and table loop shared with adamw_int8.cu
 
 struct AdamwTable {
   void* p[kMaxTensors];
@@ -54,17 +36,6 @@ struct AdamwTable {
   uint8_t block_tensor[kMaxBlocks];
 };
 
-struct AdamwScalars {
-  float beta1, one_minus_beta1, beta2, one_minus_beta2;
-  float eps;
-  float decay;       // 1 - lr * weight_decay
-  float step_size;   // lr / (1 - beta1^step)
-  float bc2_sqrt;    // sqrt(1 - beta2^step)
-  float grad_scale;  // host factor
-  const float* grad_scale_device;
-  const float* step_scalars_device;  // non-null: {decay, step_size, bc2_sqrt} read here (AdamwParams)
-};
-
 struct NormTable {
   const void* x[kMaxTensors];
   int64_t n[kMaxTensors];
@@ -75,17 +46,6 @@ struct NormTable {
 
 static_assert(sizeof(AdamwTable) + sizeof(AdamwScalars) <= 32000, "kernel parameters are limited to 32,764 B");
 static_assert(sizeof(NormTable) + sizeof(float*) <= 32000, "kernel parameters are limited to 32,764 B");
-
-// N elements moved as one (or, for 32 B, two) vector accesses.
-template <typename T, int N>
-struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Pack {
-  T v[N];
-};
-
-template <int N, typename T>
-__device__ __forceinline__ bool vec_aligned(const T* ptr) {
-  return ptr == nullptr || reinterpret_cast<uintptr_t>(ptr) % alignof(Pack<T, N>) == 0;
-}
 
 // One element of the update, in fp32, in torch.optim.AdamW's order of operations.
 __device__ __forceinline__ void adamw_element(float& p, float g, float& m, float& v, const AdamwScalars& s) {
@@ -101,18 +61,9 @@ __device__ __forceinline__ void adamw_element(float& p, float g, float& m, float
 template <typename P, typename G, typename S, bool kModel>
 __global__ void __launch_bounds__(kBlock)
     adamw_multi_tensor_kernel(const __grid_constant__ AdamwTable table, const AdamwScalars scalars) {
-  AdamwScalars s = scalars;
-  if (s.step_scalars_device != nullptr) {
-    s.decay = s.step_scalars_device[0];
-    s.step_size = s.step_scalars_device[1];
-    s.bc2_sqrt = s.step_scalars_device[2];
-  }
-  float scale = s.grad_scale;
-  if (s.grad_scale_device != nullptr) {
-    const float d = *s.grad_scale_device;
-    if (!isfinite(d)) return;  // non-finite clip coefficient: the step is skipped
-    scale *= d;
-  }
+  AdamwScalars s;
+  float scale;
+  if (!resolve_scalars(scalars, s, scale)) return;  // non-finite clip coefficient: the step is skipped
   const int t = table.block_tensor[blockIdx.x];
   const int64_t start = static_cast<int64_t>(table.block_chunk[blockIdx.x]) * kChunk;
   const int n = static_cast<int>(min(static_cast<int64_t>(kChunk), table.n[t] - start));
@@ -201,54 +152,6 @@ __global__ void __launch_bounds__(kFinalizeBlock)
   if (threadIdx.x == 0) out[0] = acc;
 }
 
-int64_t chunks_of(int64_t numel) {
-  return (numel + kChunk - 1) / kChunk;
-}
-
-void check_list(const char* what, int64_t count, const int64_t* numels) {
-  if (count < 0) throw std::invalid_argument(std::string(what) + ": negative tensor count");
-  if (count > 0 && numels == nullptr) throw std::invalid_argument(std::string(what) + ": numels is null");
-  for (int64_t i = 0; i < count; ++i) {
-    if (numels[i] < 0) {
-      throw std::invalid_argument(std::string(what) + ": numels[" + std::to_string(i) + "] is negative");
-    }
-  }
-}
-
-// Chunked multi-tensor apply: fills `table` with tensors and (tensor, chunk) block entries, and calls
-// launch(blocks) each time the block table or the tensor table is full, then once for the rest. `set_slot(slot,
-// i)` copies tensor i's pointers into table slot `slot`; `move_slot(from, to)` moves a tensor that continues into
-// the next launch to slot 0.
-template <typename Table, typename SetSlot, typename MoveSlot, typename Launch>
-void for_each_launch(Table& table, const int64_t* numels, int64_t count, SetSlot set_slot, MoveSlot move_slot,
-                     Launch launch) {
-  int tensors = 0, blocks = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    if (numels[i] == 0 || !set_slot(tensors, i)) continue;
-    table.n[tensors] = numels[i];
-    ++tensors;
-    const int64_t chunks = chunks_of(numels[i]);
-    for (int64_t c = 0; c < chunks; ++c) {
-      table.block_tensor[blocks] = static_cast<uint8_t>(tensors - 1);
-      table.block_chunk[blocks] = static_cast<int32_t>(c);
-      ++blocks;
-      const bool last_chunk = c == chunks - 1;
-      if (blocks == kMaxBlocks || (tensors == kMaxTensors && last_chunk)) {
-        launch(blocks);
-        blocks = 0;
-        if (last_chunk) {
-          tensors = 0;
-        } else {
-          move_slot(tensors - 1, 0);
-          table.n[0] = table.n[tensors - 1];
-          tensors = 1;
-        }
-      }
-    }
-  }
-  if (blocks > 0) launch(blocks);
-}
-
 template <typename P, typename G, typename S, bool kModel>
 void launch_adamw_typed(const AdamwTensorList& list, const AdamwScalars& scalars, cudaStream_t stream) {
   AdamwTable table;
@@ -310,19 +213,7 @@ void launch_adamw_multi_tensor(AdamwStorage storage, const AdamwTensorList& list
     throw std::invalid_argument("launch_adamw_multi_tensor: step must be >= 1 (1-based), got " +
                                 std::to_string(params.step));
   }
-  const AdamwStepScalars step = adamw_step_scalars(params);
-  AdamwScalars s;
-  s.beta1 = static_cast<float>(params.beta1);
-  s.one_minus_beta1 = static_cast<float>(1.0 - params.beta1);
-  s.beta2 = static_cast<float>(params.beta2);
-  s.one_minus_beta2 = static_cast<float>(1.0 - params.beta2);
-  s.eps = static_cast<float>(params.eps);
-  s.decay = step.decay;
-  s.step_size = step.step_size;
-  s.bc2_sqrt = step.bc2_sqrt;
-  s.grad_scale = static_cast<float>(params.grad_scale);
-  s.grad_scale_device = params.grad_scale_device;
-  s.step_scalars_device = params.step_scalars_device;
+  const AdamwScalars s = make_adamw_scalars(params);
 
   NvtxRange range(storage == AdamwStorage::kBf16   ? "vlatune::adamw[bf16]"
                   : storage == AdamwStorage::kFp32 ? "vlatune::adamw[fp32]"

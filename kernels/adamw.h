@@ -1,6 +1,7 @@
 // Fused multi-tensor AdamW and the fused squared-L2 norm used for global-norm clipping: torch-free params and
-// raw-pointer launchers (kernels in adamw.cu; the ATen reference in adamw_ref.cpp; checks and dispatch by
-// device in adamw_dispatch.cpp, declared in adamw_ops.h). Design note: adamw.md.
+// raw-pointer launchers (kernels in adamw.cu, the 8-bit-state kernel in adamw_int8.cu; the references in
+// adamw_ref.cpp; checks and dispatch by device in adamw_dispatch.cpp, declared in adamw_ops.h). Design note:
+// adamw.md.
 //
 // Semantics are torch.optim.AdamW's (decoupled weight decay, bias correction), all math in fp32:
 //   g  = grad * grad_scale                       (grad_scale = clip coefficient, read on the device)
@@ -66,6 +67,10 @@ struct AdamwTensorList {
   void* const* exp_avg = nullptr;
   void* const* exp_avg_sq = nullptr;
   void* const* model_bf16 = nullptr;
+  // 8-bit state only (launch_adamw_int8_multi_tensor): exp_avg/exp_avg_sq hold uint8 codes and these fp32
+  // [adamw_quant_blocks(numel)] arrays the absmax of each block.
+  float* const* exp_avg_absmax = nullptr;
+  float* const* exp_avg_sq_absmax = nullptr;
   const int64_t* numels = nullptr;
   int64_t count = 0;
 };
@@ -74,6 +79,30 @@ struct AdamwTensorList {
 // apply: each CUDA block takes one chunk of one tensor). Asynchronous on `stream`; throws on a launch error.
 void launch_adamw_multi_tensor(AdamwStorage storage, const AdamwTensorList& list, const AdamwParams& params,
                                CUstream_st* stream);
+
+// 8-bit AdamW state (Dettmers et al. 2021, "8-bit Optimizers via Block-wise Quantization", as bitsandbytes'
+// Adam8bit with blockwise quantization): each moment is stored as one uint8 code per element plus one fp32 absmax
+// per block of kAdamwQuantBlock consecutive elements; the value is code_map[code] * absmax. The first moment uses
+// the signed dynamic map, the second (never negative) the unsigned one: 256 points each, dense near 0 and spread
+// over seven decades, so small moments next to a large one in a block keep ~2 significant digits.
+inline constexpr int64_t kAdamwQuantBlock = 256;
+inline constexpr int64_t adamw_quant_blocks(int64_t numel) {
+  return (numel + kAdamwQuantBlock - 1) / kAdamwQuantBlock;
+}
+struct AdamwQuantMaps {
+  float exp_avg[256];                             // signed dynamic map: sorted, 0 and 1 included, smallest about -0.993
+  float exp_avg_sq[256];                          // unsigned dynamic map: sorted, from 0 to 1
+  uint8_t exp_avg_zero = 0, exp_avg_sq_zero = 0;  // the codes of 0.0 (the state of a fresh optimizer)
+};
+// The two maps (built once, in double, rounded to fp32; adamw_quant_map.cpp).
+const AdamwQuantMaps& adamw_quant_maps();
+
+// The 8-bit-state update of every tensor of `list` (same math as launch_adamw_multi_tensor, storage of params,
+// grads and model copy as `storage` says; the moments 8-bit as above), one pass: each warp owns one block of 256
+// elements, dequantizes both moments, updates parameter and moments in fp32, reduces the new absmax of the block,
+// and requantizes. Every fp32 operation is the CPU reference's (adamw_int8_math.h): results are bit-identical.
+void launch_adamw_int8_multi_tensor(AdamwStorage storage, const AdamwTensorList& list, const AdamwParams& params,
+                                    CUstream_st* stream);
 
 // Element type of a gradient list for the fused norm.
 enum class NormDtype { kFp32, kBf16 };

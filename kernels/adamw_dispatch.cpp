@@ -50,6 +50,8 @@ std::string dtype_name(at::ScalarType t) {
       return "f16";
     case at::kDouble:
       return "f64";
+    case at::kByte:
+      return "u8";
     default:
       return c10::toString(t);
   }
@@ -149,6 +151,78 @@ void adamw_step(std::vector<at::Tensor>& params, const std::vector<at::Tensor>& 
     launch_params.grad_scale_device = grad_scale.defined() ? grad_scale.const_data_ptr<float>() : nullptr;
     const c10::cuda::CUDAGuard guard(device);
     launch_adamw_multi_tensor(storage, list, launch_params, c10::cuda::getCurrentCUDAStream(device.index()).stream());
+    return;
+  }
+#endif
+  throw std::invalid_argument(op + ": no implementation for tensors on " + device.str() +
+                              (device.is_cuda() ? " (this build has no CUDA kernels)" : ""));
+}
+
+void adamw_step_int8(std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads, AdamwInt8State& state,
+                     std::vector<at::Tensor>* master, const AdamwParams& p, const at::Tensor& grad_scale) {
+  if (params.empty()) return;
+  const AdamwStorage storage = infer_storage(params, master);
+  const std::string op = std::string("adamw_step_int8[") + adamw_storage_name(storage) + "]";
+  check_count(op, "grads", grads.size(), params.size());
+  check_count(op, "exp_avg", state.exp_avg.size(), params.size());
+  check_count(op, "exp_avg_sq", state.exp_avg_sq.size(), params.size());
+  check_count(op, "exp_avg_absmax", state.exp_avg_absmax.size(), params.size());
+  check_count(op, "exp_avg_sq_absmax", state.exp_avg_sq_absmax.size(), params.size());
+  if (master != nullptr) check_count(op, "master", master->size(), params.size());
+
+  const at::ScalarType param_dtype = storage == AdamwStorage::kFp32 ? at::kFloat : at::kBFloat16;
+  const at::Device device = params.front().device();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::IntArrayRef sizes = params[i].defined() ? params[i].sizes() : at::IntArrayRef{};
+    check_tensor(op, "params", i, params[i], param_dtype, sizes, device);
+    if (grads[i].defined()) check_tensor(op, "grads", i, grads[i], param_dtype, sizes, device);
+    check_tensor(op, "exp_avg", i, state.exp_avg[i], at::kByte, sizes, device);
+    check_tensor(op, "exp_avg_sq", i, state.exp_avg_sq[i], at::kByte, sizes, device);
+    const int64_t blocks = adamw_quant_blocks(params[i].numel());
+    check_tensor(op, "exp_avg_absmax", i, state.exp_avg_absmax[i], at::kFloat, {blocks}, device);
+    check_tensor(op, "exp_avg_sq_absmax", i, state.exp_avg_sq_absmax[i], at::kFloat, {blocks}, device);
+    if (master != nullptr) check_tensor(op, "master", i, (*master)[i], at::kFloat, sizes, device);
+  }
+  if (grad_scale.defined()) check_tensor(op, "grad_scale", 0, grad_scale, at::kFloat, {}, device);
+
+  if (device.is_cpu()) {
+    if (p.step_scalars_device != nullptr)
+      throw std::invalid_argument(op + ": step_scalars_device is a CUDA feature; these tensors are on the CPU");
+    adamw_step_int8_ref(params, grads, state, master, p, grad_scale);
+    return;
+  }
+#ifdef VLATUNE_HAVE_CUDA
+  if (device.is_cuda()) {
+    const size_t n = params.size();
+    std::vector<void*> p_ptr(n), m_ptr(n), v_ptr(n), model_ptr(n, nullptr);
+    std::vector<float*> m_absmax(n), v_absmax(n);
+    std::vector<const void*> g_ptr(n);
+    std::vector<int64_t> numels(n);
+    for (size_t i = 0; i < n; ++i) {
+      numels[i] = params[i].numel();
+      p_ptr[i] = master != nullptr ? (*master)[i].data_ptr() : params[i].data_ptr();
+      if (master != nullptr) model_ptr[i] = params[i].data_ptr();
+      g_ptr[i] = grads[i].defined() ? grads[i].const_data_ptr() : nullptr;
+      m_ptr[i] = state.exp_avg[i].data_ptr();
+      v_ptr[i] = state.exp_avg_sq[i].data_ptr();
+      m_absmax[i] = state.exp_avg_absmax[i].data_ptr<float>();
+      v_absmax[i] = state.exp_avg_sq_absmax[i].data_ptr<float>();
+    }
+    AdamwTensorList list;
+    list.params = p_ptr.data();
+    list.grads = g_ptr.data();
+    list.exp_avg = m_ptr.data();
+    list.exp_avg_sq = v_ptr.data();
+    list.exp_avg_absmax = m_absmax.data();
+    list.exp_avg_sq_absmax = v_absmax.data();
+    list.model_bf16 = master != nullptr ? model_ptr.data() : nullptr;
+    list.numels = numels.data();
+    list.count = static_cast<int64_t>(n);
+    AdamwParams launch_params = p;
+    launch_params.grad_scale_device = grad_scale.defined() ? grad_scale.const_data_ptr<float>() : nullptr;
+    const c10::cuda::CUDAGuard guard(device);
+    launch_adamw_int8_multi_tensor(storage, list, launch_params,
+                                   c10::cuda::getCurrentCUDAStream(device.index()).stream());
     return;
   }
 #endif

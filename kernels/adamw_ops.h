@@ -31,6 +31,26 @@ void adamw_step_ref(std::vector<at::Tensor>& params, const std::vector<at::Tenso
                     std::vector<at::Tensor>& exp_avg, std::vector<at::Tensor>& exp_avg_sq,
                     std::vector<at::Tensor>* master, const AdamwParams& params_in, const at::Tensor& grad_scale = {});
 
+// The 8-bit blockwise AdamW state of a list of tensors (adamw.h, kAdamwQuantBlock): exp_avg[i] and exp_avg_sq[i]
+// uint8 codes with params[i]'s shape; exp_avg_absmax[i] and exp_avg_sq_absmax[i] fp32 [adamw_quant_blocks(numel)].
+// A fresh state is all zero absmax (every code then means 0).
+struct AdamwInt8State {
+  std::vector<at::Tensor> exp_avg, exp_avg_sq;
+  std::vector<at::Tensor> exp_avg_absmax, exp_avg_sq_absmax;
+};
+
+// One AdamW update with 8-bit state, in place. Parameters, gradients and master weights as adamw_step (storage
+// inferred the same way); the moments as AdamwInt8State. CUDA tensors: the fused kernel of adamw_int8.cu; CPU
+// tensors: adamw_step_int8_ref. Asynchronous on CUDA (current stream).
+void adamw_step_int8(std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads, AdamwInt8State& state,
+                     std::vector<at::Tensor>* master, const AdamwParams& params_in, const at::Tensor& grad_scale = {});
+
+// The reference of adamw_step_int8: a plain loop over CPU tensors, block by block, with the kernel's fp32
+// operations (adamw_int8_math.h), so the kernel's results equal it bit for bit. CPU tensors only.
+void adamw_step_int8_ref(std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads, AdamwInt8State& state,
+                         std::vector<at::Tensor>* master, const AdamwParams& params_in,
+                         const at::Tensor& grad_scale = {});
+
 // sqrt(sum over all grads of sum(g^2)), accumulated in fp32: a 0-d fp32 tensor on the grads' device (CPU when no
 // grad is defined). Undefined tensors are skipped; fp32 and bf16 may be mixed. Fused multi-tensor kernel on CUDA
 // (deterministic, no host sync); ATen on CPU.

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "formats/numbers.h"
+#include "kernels/device_probe.h"
 #include "kernels/fp8_ops.h"
 
 #include <algorithm>
@@ -57,7 +58,9 @@ GemmTiming time_gemm(int64_t m, int64_t k, int64_t n, int repetitions) {
   t.bf16.grad_input_ms = time_cold(flush, repetitions, [&] { at::mm(dy, w); });
   t.bf16.grad_weight_ms = time_cold(flush, repetitions, [&] { at::mm(dy.t(), x); });
 
-  if (m % 16 == 0 && k % 16 == 0 && n % 16 == 0) {
+  // FP8 GEMMs need compute capability 8.9: without them the entry has no FP8 times, so the planner never picks FP8.
+  const bool fp8_hardware = kernels::fp8_supported(kernels::device_compute_capability(c10::cuda::current_device()));
+  if (fp8_hardware && m % 16 == 0 && k % 16 == 0 && n % 16 == 0) {
     constexpr double kE4m3Max = 448.0, kE5m2Max = 57344.0;
     auto [xq, xs] = quantize(x, at::kFloat8_e4m3fn, kE4m3Max);
     auto [wq, ws] = quantize(w, at::kFloat8_e4m3fn, kE4m3Max);

@@ -1,5 +1,6 @@
 #include "trainer/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -20,6 +21,16 @@ OptimizerPrecision parse_optimizer_precision(const std::string& name) {
 
 const char* optimizer_precision_name(OptimizerPrecision precision) {
   return precision == OptimizerPrecision::kFp32Master ? "fp32-master" : "bf16";
+}
+
+OptimizerStateDtype parse_optimizer_state_dtype(const std::string& name) {
+  if (name == "auto") return OptimizerStateDtype::kAuto;
+  if (name == "int8-blockwise") return OptimizerStateDtype::kInt8Blockwise;
+  throw std::invalid_argument("optimizer state dtype must be \"auto\" or \"int8-blockwise\", got \"" + name + "\"");
+}
+
+const char* optimizer_state_dtype_name(OptimizerStateDtype state_dtype) {
+  return state_dtype == OptimizerStateDtype::kInt8Blockwise ? "int8-blockwise" : "auto";
 }
 
 AdamW::AdamW(std::vector<std::pair<std::string, torch::Tensor>> named_params, AdamWOptions options)
@@ -50,23 +61,40 @@ AdamW::AdamW(std::vector<std::pair<std::string, torch::Tensor>> named_params, Ad
     const bool has_master =
         options_.precision == OptimizerPrecision::kFp32Master && p.scalar_type() == torch::kBFloat16;
     const auto state_dtype = has_master ? torch::kFloat32 : p.scalar_type();
+    const bool int8 =
+        options_.state_dtype == OptimizerStateDtype::kInt8Blockwise && p.numel() >= options_.int8_min_numel;
     names_.push_back(name);
     master_.push_back(has_master ? p.detach().to(torch::kFloat32, false, true) : torch::Tensor());
-    exp_avg_.push_back(torch::zeros_like(p, p.options().dtype(state_dtype)));
-    exp_avg_sq_.push_back(torch::zeros_like(p, p.options().dtype(state_dtype)));
+    if (int8) {
+      // Codes of 0.0 and zero block scales: a fresh state, as the zeros of the full-precision one.
+      const kernels::AdamwQuantMaps& maps = kernels::adamw_quant_maps();
+      const auto blocks = kernels::adamw_quant_blocks(p.numel());
+      exp_avg_.push_back(torch::full_like(p, maps.exp_avg_zero, p.options().dtype(torch::kUInt8)));
+      exp_avg_sq_.push_back(torch::full_like(p, maps.exp_avg_sq_zero, p.options().dtype(torch::kUInt8)));
+      exp_avg_absmax_.push_back(torch::zeros({blocks}, p.options().dtype(torch::kFloat32)));
+      exp_avg_sq_absmax_.push_back(torch::zeros({blocks}, p.options().dtype(torch::kFloat32)));
+    } else {
+      exp_avg_.push_back(torch::zeros_like(p, p.options().dtype(state_dtype)));
+      exp_avg_sq_.push_back(torch::zeros_like(p, p.options().dtype(state_dtype)));
+      exp_avg_absmax_.emplace_back();
+      exp_avg_sq_absmax_.emplace_back();
+    }
     decay_.push_back(!(options_.no_decay && options_.no_decay(name)));
     params_.push_back(p);
   }
 
-  // Groups: (decays, dtype, has master) -> one adamw_step call each, in first-appearance order.
-  std::map<std::tuple<bool, int, bool>, size_t> group_of;
+  // Groups: (decays, dtype, has master, 8-bit state) -> one adamw_step call each, in first-appearance order.
+  std::map<std::tuple<bool, int, bool, bool>, size_t> group_of;
   for (size_t i = 0; i < params_.size(); ++i) {
-    const auto key = std::make_tuple(bool(decay_[i]), static_cast<int>(params_[i].scalar_type()), master_[i].defined());
+    const bool int8 = exp_avg_absmax_[i].defined();
+    const auto key =
+        std::make_tuple(bool(decay_[i]), static_cast<int>(params_[i].scalar_type()), master_[i].defined(), int8);
     auto it = group_of.find(key);
     if (it == group_of.end()) {
       it = group_of.emplace(key, groups_.size()).first;
       groups_.emplace_back();
       groups_.back().weight_decay = decay_[i] ? options_.weight_decay : 0.0;
+      groups_.back().int8 = int8;
     }
     Group& g = groups_[it->second];
     g.index.push_back(i);
@@ -74,6 +102,10 @@ AdamW::AdamW(std::vector<std::pair<std::string, torch::Tensor>> named_params, Ad
     g.exp_avg.push_back(exp_avg_[i]);
     g.exp_avg_sq.push_back(exp_avg_sq_[i]);
     if (master_[i].defined()) g.master.push_back(master_[i]);
+    if (int8) {
+      g.exp_avg_absmax.push_back(exp_avg_absmax_[i]);
+      g.exp_avg_sq_absmax.push_back(exp_avg_sq_absmax_[i]);
+    }
   }
 }
 
@@ -120,8 +152,13 @@ torch::Tensor AdamW::queue_update(double lr, double max_grad_norm, bool device_s
     for (size_t i : group.index) group_grads.push_back(grads[i]);
     hp.weight_decay = group.weight_decay;
     hp.step_scalars_device = device_schedule ? schedule_device_[static_cast<int64_t>(gi)].data_ptr<float>() : nullptr;
-    kernels::adamw_step(group.params, group_grads, group.exp_avg, group.exp_avg_sq,
-                        group.master.empty() ? nullptr : &group.master, hp, coef);
+    std::vector<torch::Tensor>* master = group.master.empty() ? nullptr : &group.master;
+    if (group.int8) {
+      kernels::AdamwInt8State state{group.exp_avg, group.exp_avg_sq, group.exp_avg_absmax, group.exp_avg_sq_absmax};
+      kernels::adamw_step_int8(group.params, group_grads, state, master, hp, coef);
+    } else {
+      kernels::adamw_step(group.params, group_grads, group.exp_avg, group.exp_avg_sq, master, hp, coef);
+    }
   }
   return norm;
 }
@@ -181,6 +218,10 @@ OptimizerState AdamW::state_dict() const {
     state.tensors.emplace_back("exp_avg." + names_[i], exp_avg_[i]);
     state.tensors.emplace_back("exp_avg_sq." + names_[i], exp_avg_sq_[i]);
     if (master_[i].defined()) state.tensors.emplace_back("master." + names_[i], master_[i]);
+    if (exp_avg_absmax_[i].defined()) {
+      state.tensors.emplace_back("exp_avg_absmax." + names_[i], exp_avg_absmax_[i]);
+      state.tensors.emplace_back("exp_avg_sq_absmax." + names_[i], exp_avg_sq_absmax_[i]);
+    }
   }
   state.scalars["step"] = static_cast<double>(step_);
   state.scalars["skipped_steps"] = static_cast<double>(skipped_);
@@ -191,6 +232,14 @@ OptimizerState AdamW::state_dict() const {
   return state;
 }
 
+int64_t AdamW::state_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& list : {&exp_avg_, &exp_avg_sq_, &master_, &exp_avg_absmax_, &exp_avg_sq_absmax_}) {
+    for (const torch::Tensor& t : *list) bytes += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
+  }
+  return bytes;
+}
+
 void AdamW::load_state_dict(const OptimizerState& state) {
   const std::string mine = optimizer_precision_name(options_.precision);
   if (state.precision != mine) {
@@ -199,6 +248,16 @@ void AdamW::load_state_dict(const OptimizerState& state) {
   }
   std::unordered_map<std::string, const torch::Tensor*> by_name;
   for (const auto& [name, t] : state.tensors) by_name.emplace(name, &t);
+  // The tensors say which state dtype wrote them: block scales only come with 8-bit moments.
+  const bool theirs_int8 = std::any_of(state.tensors.begin(), state.tensors.end(),
+                                       [](const auto& e) { return e.first.rfind("exp_avg_absmax.", 0) == 0; });
+  const bool mine_int8 =
+      std::any_of(exp_avg_absmax_.begin(), exp_avg_absmax_.end(), [](const torch::Tensor& t) { return t.defined(); });
+  if (theirs_int8 != mine_int8) {
+    throw std::invalid_argument(std::string("adamw: load_state_dict: the checkpoint's optimizer state dtype is \"") +
+                                (theirs_int8 ? "int8-blockwise" : "auto") + "\", this run's is \"" +
+                                (mine_int8 ? "int8-blockwise" : "auto") + "\"");
+  }
   const OptimizerState expected = state_dict();
   for (const auto& [name, dst] : expected.tensors) {
     auto it = by_name.find(name);

@@ -36,12 +36,28 @@ enum class OptimizerPrecision {
 OptimizerPrecision parse_optimizer_precision(const std::string& name);
 const char* optimizer_precision_name(OptimizerPrecision precision);
 
+// Recipe `optimizer.state_dtype`: how AdamW's two moments are stored.
+enum class OptimizerStateDtype {
+  kAuto,           // "auto": the dtype the precision gives (the parameters' dtype for "bf16", fp32 for fp32-master)
+  kInt8Blockwise,  // "int8-blockwise": 8-bit codes + an fp32 absmax per 256 elements (kernels/adamw.h), for the
+                   // tensors of at least AdamWOptions::int8_min_numel elements; smaller ones keep "auto"
+};
+OptimizerStateDtype parse_optimizer_state_dtype(const std::string& name);
+const char* optimizer_state_dtype_name(OptimizerStateDtype state_dtype);
+
+// Tensors below this many elements keep full-precision moments under int8-blockwise (bitsandbytes' min_8bit_size):
+// norms, biases and small heads are a negligible share of the bytes, and a block of a few values gains nothing
+// from an absmax of its own.
+inline constexpr int64_t kInt8StateMinNumel = 4096;
+
 struct AdamWOptions {
   double lr = 5e-5;  // the rate of step(max_grad_norm) without an explicit lr; the schedule normally passes one
   std::pair<double, double> betas = {0.9, 0.95};
   double eps = 1e-8;
   double weight_decay = 1e-10;
   OptimizerPrecision precision = OptimizerPrecision::kBf16;
+  OptimizerStateDtype state_dtype = OptimizerStateDtype::kAuto;
+  int64_t int8_min_numel = kInt8StateMinNumel;  // tests lower it to quantize every tensor of the tiny config
   // True for FQNs that get no weight decay (e.g. norms and biases). Empty: every parameter decays (openpi).
   std::function<bool(const std::string& fqn)> no_decay;
 };
@@ -55,7 +71,9 @@ struct StepResult {
 };
 
 // The optimizer's checkpointable state: named tensors (safetensors) and scalars (JSON).
-// Tensor names: "exp_avg.<fqn>", "exp_avg_sq.<fqn>", and with fp32 master weights "master.<fqn>".
+// Tensor names: "exp_avg.<fqn>", "exp_avg_sq.<fqn>", and with fp32 master weights "master.<fqn>"; with 8-bit state
+// exp_avg/exp_avg_sq are uint8 codes and "exp_avg_absmax.<fqn>", "exp_avg_sq_absmax.<fqn>" hold the block scales
+// (so the tensors alone say which state dtype wrote them).
 // Scalars: "step", "skipped_steps" (restored) and "beta1", "beta2", "eps", "weight_decay" (informative).
 struct OptimizerState {
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
@@ -97,6 +115,9 @@ class AdamW {
   // checkpoint.
   void load_state_dict(const OptimizerState& state);
 
+  // Bytes of the optimizer's own tensors (moments, block scales, master weights).
+  int64_t state_bytes() const;
+
   int64_t step_count() const { return step_; }
   int64_t skipped_steps() const { return skipped_; }
   const AdamWOptions& options() const { return options_; }
@@ -107,17 +128,20 @@ class AdamW {
  private:
   // The hyperparameters of the next update (step_count() + 1) at `lr`; weight decay is per group.
   kernels::AdamwParams next_update(double lr) const;
-  // Parameters updated by one adamw_step call: same weight decay, same dtype, same storage.
+  // Parameters updated by one adamw_step (or adamw_step_int8) call: same weight decay, dtype and storage.
   struct Group {
     double weight_decay = 0.0;
+    bool int8 = false;
     std::vector<size_t> index;
     std::vector<torch::Tensor> params, exp_avg, exp_avg_sq, master;  // master empty: no master weights
+    std::vector<torch::Tensor> exp_avg_absmax, exp_avg_sq_absmax;    // int8 only
   };
 
   AdamWOptions options_;
   std::vector<std::string> names_;
   std::vector<torch::Tensor> params_;
-  std::vector<torch::Tensor> exp_avg_, exp_avg_sq_, master_;  // master_[i] undefined: no master for i
+  std::vector<torch::Tensor> exp_avg_, exp_avg_sq_, master_;       // master_[i] undefined: no master for i
+  std::vector<torch::Tensor> exp_avg_absmax_, exp_avg_sq_absmax_;  // undefined: full-precision moments for i
   std::vector<bool> decay_;
   std::vector<Group> groups_;
   int64_t step_ = 0;

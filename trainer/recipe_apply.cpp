@@ -71,6 +71,9 @@ AppliedRecipe apply_recipe(const formats::Recipe& recipe, const std::string& fil
   const bool bf16 = out.optimizer_precision == OptimizerPrecision::kBf16;
   out.parameter_dtype = context.cuda && bf16 ? torch::kBFloat16 : torch::kFloat32;
   if (context.cuda && !bf16) out.forward.compute_dtype = torch::kBFloat16;
+  out.state_dtype = effective.optimizer.state_dtype == formats::StateDtype::kInt8Blockwise
+                        ? OptimizerStateDtype::kInt8Blockwise
+                        : OptimizerStateDtype::kAuto;
   if (flags.cuda_graph)
     effective.model_options.cuda_graph_step =
         override_choice("--cuda-graph", *flags.cuda_graph, "off", "step") == "step";

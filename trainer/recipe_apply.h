@@ -3,7 +3,9 @@
 //   1. batch       (micro_batch, grad_accum; --batch, --grad-accum)                  -> micro-batches per step
 //   2. data        (num_images, trim_text, trim_multiple: slot pruning, text trimming) -> slots, ForwardOptions
 //   3. model       (skip_dead, attention, precision, cuda_graph; --precision, --cuda-graph)
-//                  -> ForwardOptions, the parameters' and the optimizer's precision, whole-step capture;
+//      optimizer   (state_dtype)
+//                  -> ForwardOptions, the parameters' and the optimizer's precision, the AdamW moments' storage,
+//                  whole-step capture;
 //                  then the model is built (its parameters' dtype is known now)
 //   4. recompute   (FQN patterns resolved against the model)                         -> Pi05Impl::set_recompute
 //   5. fp8         (FQN patterns of Linears resolved against the model; scaling)     -> Pi05Impl::set_fp8
@@ -52,6 +54,7 @@ struct AppliedRecipe {
   model::ForwardOptions forward;      // shortcuts, attention path, compute dtype
   std::string precision;              // "bf16" | "fp32-master"
   OptimizerPrecision optimizer_precision = OptimizerPrecision::kBf16;
+  OptimizerStateDtype state_dtype = OptimizerStateDtype::kAuto;  // how AdamW stores its two moments
   torch::Dtype parameter_dtype = torch::kFloat32;
   bool cuda_graph_step = false;   // the step replays a CUDA graph
   std::string cuda_graph_source;  // what asked for it, for refusals: "--cuda-graph step" or "FILE: $.model_options..."

@@ -133,6 +133,7 @@ void parts_options(RunSettings& run, const TrainOptions& caller) {
   o.device = c.device;
   o.dist_buckets = c.dist_buckets;
   o.dist_timeout_s = caller.dist_timeout_s;
+  o.max_memory_gib = caller.max_memory_gib;  // this device's cap, not the run's: the caller's, on resume too
   o.steps = c.steps;
   o.lr = c.lr;
   o.warmup_steps = c.warmup_steps;

@@ -32,6 +32,7 @@
 #include "trainer/environment.h"
 #include "trainer/evaluate.h"
 #include "trainer/file_util.h"
+#include "trainer/memory_cap.h"
 #include "trainer/norm_stats.h"
 #include "trainer/optimizer.h"
 #include "trainer/recipe_apply.h"
@@ -191,6 +192,7 @@ void open_run(Run& run, const TrainOptions& caller, std::ostream& caller_log) {
 
   // 2. What: a new run's settings, or the saved ones of the run being resumed; every rank checks them alike.
   run.settings = run_settings(caller, run.world_size, *run.log);
+  drop_fp8_without_hardware(run.settings.recipe, run.settings.options.device, *run.log);
 
   // 3. Where: the run directory, locked and checked (rank 0).
   open_run_dir(run);
@@ -200,8 +202,17 @@ void open_run(Run& run, const TrainOptions& caller, std::ostream& caller_log) {
     run.dist = join_job(*run.env, run.settings.options.device, run.settings.options.dist_timeout_s, *run.log);
 
   // 5. Model, recipe, data, optimizer (train_step.h); schedule and EMA.
-  run.parts = build_training_parts(run.settings.options, run.settings.recipe, run.settings.recipe_label,
-                                   /*load_init_weights=*/!run.settings.resume_from, *run.log, run.dist);
+  const TrainOptions& options = run.settings.options;
+  const formats::Recipe& recipe = run.settings.recipe;
+  try {
+    run.parts = build_training_parts(options, recipe, run.settings.recipe_label,
+                                     /*load_init_weights=*/!run.settings.resume_from, *run.log, run.dist);
+  } catch (const c10::OutOfMemoryError& e) {
+    throw std::runtime_error(out_of_memory_message(
+        "setting up the model, data and optimizer state", options.batch.value_or(recipe.batch.micro_batch),
+        options.grad_accum.value_or(recipe.batch.grad_accum), options.max_memory_gib, recipe, run.settings.recipe_label,
+        e.what_without_backtrace()));
+  }
   run.settings.config.config = run.parts.config_name;
   run.schedule = WarmupCosine{run.settings.config.warmup_steps, run.settings.config.lr, run.settings.config.decay_steps,
                               run.settings.config.decay_lr};
@@ -255,9 +266,9 @@ StepRecord run_step(Run& run) {
     outcome = run_train_step(parts, run.step, r.lr, run.settings.config.clip_norm);
   } catch (const c10::OutOfMemoryError& e) {
     if (run.step == run.first_step)
-      throw std::runtime_error("out of GPU memory in the first step at micro-batch " + std::to_string(parts.batch) +
-                               ": run `vlatune profile` and `vlatune plan --memory-budget GiB` to choose what to "
-                               "recompute and which micro-batch fits, or pass a smaller --batch");
+      throw std::runtime_error(out_of_memory_message("in the first step", parts.batch, parts.grad_accum,
+                                                     run.settings.options.max_memory_gib, parts.applied.effective,
+                                                     run.settings.recipe_label, e.what_without_backtrace()));
     throw;
   }
   if (!outcome.optimizer.skipped && run.ema) run.ema->update();

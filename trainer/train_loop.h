@@ -18,15 +18,16 @@ namespace vlatune::trainer {
 
 // A new run takes these; `--resume` takes the run's own (RUNDIR/train_config.json and RUNDIR/recipe.json) and from
 // the caller only `steps` and the bookkeeping values that are set (timing_warmup, checkpoint_every, keep_last,
-// workers), plus the display ones (progress_bar, log_every) and dist_timeout_s.
+// workers), plus the display ones (progress_bar, log_every), dist_timeout_s and max_memory_gib.
 struct TrainOptions {
-  std::string config;           // model size: tiny | full; empty: full on a GPU, tiny on the CPU
-  std::string data;             // dataset directory, or "synthetic" (generated on the device); required
-  std::string out;              // run directory (new run)
-  std::string resume;           // run directory to continue
-  std::string recipe_path;      // recipe.json; the overrides below replace its keys
-  std::string init_weights;     // openpi/LeRobot-named safetensors to start from
-  std::string device = "auto";  // auto | cpu | cuda
+  std::string config;                    // model size: tiny | full; empty: full on a GPU, tiny on the CPU
+  std::string data;                      // dataset directory, or "synthetic" (generated on the device); required
+  std::string out;                       // run directory (new run)
+  std::string resume;                    // run directory to continue
+  std::string recipe_path;               // recipe.json; the overrides below replace its keys
+  std::string init_weights;              // openpi/LeRobot-named safetensors to start from
+  std::string device = "auto";           // auto | cpu | cuda
+  std::optional<double> max_memory_gib;  // --max-memory: caps the CUDA caching allocator (memory_cap.h)
   // Recipe keys set from the command line (unset: the recipe's value, else its default); written into the run's
   // recipe.json, so its recipe_hash is the recipe the run obeyed.
   std::optional<int64_t> batch;             // batch.micro_batch

@@ -3,10 +3,12 @@
 #include <chrono>
 #include <cmath>
 
+#include "kernels/device_probe.h"
 #include "layout/pi05.h"
 #include "model/state_dict.h"
 #include "profiler/scope.h"
 #include "trainer/environment.h"
+#include "trainer/memory_cap.h"
 #include "trainer/step_graph.h"
 
 namespace vlatune::trainer {
@@ -51,6 +53,23 @@ void setup_data_parallel(TrainingParts& parts, const TrainOptions& opt) {
 
 }  // namespace
 
+void drop_fp8_without_hardware(formats::Recipe& recipe, const std::string& device, std::ostream& log) {
+  if (recipe.fp8.modules.empty()) return;
+  torch::Device d{torch::kCPU};
+  try {
+    d = resolve_device("--device", device);
+  } catch (const std::invalid_argument&) {
+    return;  // build_training_parts names the bad flag
+  }
+  if (!d.is_cuda()) return;
+  const int cc = kernels::device_compute_capability(d.has_index() ? d.index() : 0);
+  if (cc < 0 || kernels::fp8_supported(cc)) return;
+  log << "notice: this GPU (compute capability " << kernels::compute_capability_name(cc) << ") has no FP8 GEMMs ("
+      << kernels::compute_capability_name(kernels::kFp8MinComputeCapability)
+      << " or newer): the recipe's fp8.modules train in bf16\n";
+  recipe.fp8.modules.clear();
+}
+
 std::optional<DistEnv> job_environment() {
   try {
     return dist_env_from_process();
@@ -94,6 +113,7 @@ TrainingParts build_training_parts(const TrainOptions& opt, const formats::Recip
     throw TrainInputError(e.what());
   }
   if (parts.dist && parts.device.is_cuda()) parts.device = torch::Device(torch::kCUDA, parts.dist->env().local_rank);
+  apply_memory_cap(parts.device, opt.max_memory_gib, log);  // before the first allocation on the device
   parts.config_name = resolve_model_config(opt.config, parts.device, log);
   try {
     parts.config = model::Pi05Config::named(parts.config_name);
@@ -135,7 +155,12 @@ TrainingParts build_training_parts(const TrainOptions& opt, const formats::Recip
   adam.eps = opt.eps;
   adam.weight_decay = opt.weight_decay;
   adam.precision = parts.applied.optimizer_precision;
+  adam.state_dtype = parts.applied.state_dtype;
   parts.optimizer = std::make_unique<AdamW>(parts.named_params, adam);
+  if (adam.state_dtype != OptimizerStateDtype::kAuto) {
+    log << "optimizer state: " << optimizer_state_dtype_name(adam.state_dtype) << ", "
+        << static_cast<double>(parts.optimizer->state_bytes()) / 1048576.0 << " MiB\n";
+  }
   if (parts.dist) setup_data_parallel(parts, opt);
 
   if (parts.applied.cuda_graph_step) {

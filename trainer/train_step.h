@@ -68,6 +68,11 @@ TrainingParts build_training_parts(const TrainOptions& opt, const formats::Recip
                                    const std::string& recipe_label, bool load_init_weights, std::ostream& log,
                                    std::shared_ptr<ProcessGroup> dist = nullptr);
 
+// FP8 Linears need compute capability 8.9 (kernels/device_probe.h): on an older GPU (`device`: --device) the
+// recipe's fp8.modules are cleared, so the run trains in bf16 and records that recipe (recipe_hash), with one
+// notice in `log`. CPU runs and FP8-capable GPUs keep the recipe.
+void drop_fp8_without_hardware(formats::Recipe& recipe, const std::string& device, std::ostream& log);
+
 // The data index of micro-batch `micro` of `step` on this rank (see TrainingParts::dist).
 int64_t micro_batch_index(const TrainingParts& parts, int64_t step, int64_t micro);
 

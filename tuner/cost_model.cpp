@@ -5,6 +5,7 @@
 #include <set>
 
 #include "formats/fqn_pattern.h"
+#include "kernels/adamw.h"
 #include "layout/pi05.h"
 
 namespace vlatune::tuner {
@@ -121,7 +122,7 @@ RecomputeAtBatch recompute_problem(const CostModel& model, int64_t batch, double
   at.batch = b;
   const RecomputeEvaluation base = evaluate_recompute(problem, model.baseline_units);
   at.baseline_act_peak_bytes = static_cast<double>(base.peak_bytes);
-  at.other_gib = model.peak_gib.at(b) - at.baseline_act_peak_bytes / kGiB;
+  at.other_gib = model.peak_gib.at(b) - at.baseline_act_peak_bytes / kGiB + model.optimizer_delta_gib;
   const double budget_bytes = (budget_gib - at.other_gib) * kGiB;
   problem.budget_bytes = budget_bytes < 0 ? -1 : static_cast<int64_t>(budget_bytes);
   return at;
@@ -152,6 +153,30 @@ Prediction predict(const CostModel& model, const Candidate& c, int grad_accum, i
   p.step_ms = model.step_ms.at(b) + p.recompute_ms + p.fp8_ms + p.comm_ms;
   p.samples_per_s = p.step_ms > 0 ? b * grad_accum * world_size / (p.step_ms / 1e3) : 0;
   return p;
+}
+
+double adamw_moment_bytes(double numel, double element_bytes, formats::StateDtype state_dtype) {
+  if (state_dtype == formats::StateDtype::kAuto) return 2 * numel * element_bytes;
+  const double blocks = std::ceil(numel / static_cast<double>(kernels::kAdamwQuantBlock));
+  return 2 * (numel + 4 * blocks);
+}
+
+double plan_optimizer_state(CostModel& model, formats::StateDtype planned) {
+  model.optimizer_delta_gib = 0;
+  const formats::Recipe& profiled = model.profile.recipe;
+  if (planned == profiled.optimizer.state_dtype) return 0;
+  const std::optional<int64_t> parameter_bytes = model.profile.batches[0].memory.parameter_bytes;
+  if (!parameter_bytes || *parameter_bytes <= 0)
+    throw PlanInputError(std::string("--optimizer-state ") + formats::to_string(planned) +
+                         ": the profile has no parameter bytes (batches[0].memory.parameter_bytes) to size the "
+                         "optimizer state from");
+  // Parameters are bf16 under precision bf16 and fp32 under fp32-master (the trainer's model dtype on the GPU).
+  const double element_bytes = profiled.model_options.precision == formats::Precision::kBf16 ? 2 : 4;
+  const double numel = static_cast<double>(*parameter_bytes) / element_bytes;
+  model.optimizer_delta_gib = (adamw_moment_bytes(numel, element_bytes, planned) -
+                               adamw_moment_bytes(numel, element_bytes, profiled.optimizer.state_dtype)) /
+                              kGiB;
+  return model.optimizer_delta_gib;
 }
 
 }  // namespace vlatune::tuner

@@ -83,7 +83,21 @@ struct CostModel {
   std::vector<int> baseline_units;  // the profiled recipe's recompute selection
   std::vector<Calibration> calibrations;
   std::vector<std::string> notes;  // fallbacks worth saying (rationale)
+  // The planned optimizer state minus the profiled one (GiB, set by plan_optimizer_state): the peak holds the
+  // state at every phase, so it moves the memory that recompute cannot change.
+  double optimizer_delta_gib = 0;
 };
+
+// Bytes of AdamW's two moments for `numel` parameters stored in `element_bytes` each: "auto" keeps the moments in
+// the parameters' dtype (bf16 with precision bf16, fp32 with fp32-master), "int8-blockwise" stores a uint8 code per
+// element and an fp32 absmax per kernels::kAdamwQuantBlock. The trainer keeps tensors under 4,096 elements at full
+// precision; they are counted as 8-bit here (norm scales and biases: under a MiB for Pi0.5).
+double adamw_moment_bytes(double numel, double element_bytes, formats::StateDtype state_dtype);
+
+// Prices `planned` against the profiled recipe's optimizer.state_dtype: sets model.optimizer_delta_gib from the
+// profile's parameter bytes (memory.parameter_bytes of batches[0], in the profiled precision's dtype) and returns
+// it. Throws PlanInputError when the state changes and the profile has no parameter bytes.
+double plan_optimizer_state(CostModel& model, formats::StateDtype planned);
 
 // A module row that is not a module ("<optimizer>", "<data>", ...).
 bool is_pseudo_row(const formats::ModuleCost& row);

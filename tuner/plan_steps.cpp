@@ -248,8 +248,13 @@ Rationale batch_rationale(const PlanInputs& in, const RecomputeStep& step) {
 
 }  // namespace
 
+formats::StateDtype planned_state_dtype(const PlanInputs& in) {
+  return in.options.optimizer_state.value_or(in.profile.recipe.optimizer.state_dtype);
+}
+
 Recipe base_recipe(const PlanInputs& in) {
   Recipe base = in.profile.recipe;
+  base.optimizer.state_dtype = planned_state_dtype(in);
   base.rationale.clear();
   base.groups.clear();
   base.distributed.world_size = in.options.world_size;
@@ -261,6 +266,9 @@ Recipe base_recipe(const PlanInputs& in) {
 FitStep fit_step(const PlanInputs& in) {
   FitStep out;
   out.model = build_cost_model(in.profile, in.file, in.options.recompute_candidates);
+  const formats::StateDtype profiled_state = in.profile.recipe.optimizer.state_dtype;
+  const formats::StateDtype state_dtype = planned_state_dtype(in);
+  const double state_delta_gib = plan_optimizer_state(out.model, state_dtype);  // before pricing: `priced` copies it
   out.priced = price_gemm_units(in, out.model);
   const CostModel& m = out.model;
   const formats::BatchProfile& b0 = in.profile.batches[0];
@@ -309,6 +317,13 @@ FitStep fit_step(const PlanInputs& in) {
                         {"memory_factor", c.memory_factor}}});
   }
   for (const std::string& note : m.notes) out.why.push_back({"cost model note", note, {}});
+  if (state_dtype != profiled_state) {
+    out.why.push_back({std::string("optimizer state ") + formats::to_string(state_dtype),
+                       std::string("--optimizer-state: AdamW's moments ") + fixed(state_delta_gib, 2) +
+                           " GiB against the profiled " + formats::to_string(profiled_state) +
+                           " state, at every micro-batch",
+                       {{"optimizer_delta_gib", state_delta_gib}}});
+  }
   return out;
 }
 

@@ -27,7 +27,11 @@ struct PlanInputs {
   const PlanOptions& options;
 };
 
-// The settings every candidate shares: the profiled recipe without its groups and rationale, for this world size.
+// The optimizer state the plan prices and writes: --optimizer-state, else the profiled recipe's.
+formats::StateDtype planned_state_dtype(const PlanInputs& in);
+
+// The settings every candidate shares: the profiled recipe without its groups and rationale, for this world size
+// and the planned optimizer state.
 formats::Recipe base_recipe(const PlanInputs& in);
 
 // 1. The cost model: fitted, calibrated, and (--fp8 auto) with the merged-GEMM units priced at their FP8 times.

@@ -234,6 +234,7 @@ PlanResult rank(const PlanInputs& in, const FitStep& fit, const BudgetStep& budg
     if (static_cast<int>(result.candidates.size()) >= o.candidates) break;
     Recipe r = c.origin == "profiled" ? in.profile.recipe : make_recipe(base, m, c);
     if (c.origin == "profiled") {
+      r.optimizer = base.optimizer;  // its prediction is priced with the planned state
       r.rationale.clear();
       r.tuned_on = base.tuned_on;
       r.predicted = {c.prediction.step_ms, c.prediction.peak_gib, c.prediction.samples_per_s};

@@ -1,7 +1,7 @@
 // `vlatune plan`: profile -> recipe, in a stated order (plan_steps.h: one function per step, each returning its
 // decision and its rationale; the units of tuner/ they use in parentheses):
 //   1. fit             (cost_model.h)     validate the profile, fit the batch, calibrate with the A/B rows; warn of
-//                                         a noisy profile
+//                                         a noisy profile; price the planned optimizer state (--optimizer-state)
 //   2. budget          --memory-budget, else the profiled GPU's memory minus 5% (a CPU profile: this machine's)
 //   3. batch+recompute (batch_choice.h, recompute_solver.h)  exact least-time selection per batch, best samples/s
 //   4. FP8             (fp8_selector.h)   measured ratio over the margin, outside the exclusions
@@ -40,6 +40,7 @@ struct PlanOptions {
   int candidates = 1;                             // how many ranked candidates to return (--grid N)
   // This machine's main memory (GiB): the budget's base for a CPU profile, which records no device memory.
   std::optional<double> host_memory_gib;
+  std::optional<formats::StateDtype> optimizer_state;  // --optimizer-state; unset: the profiled recipe's
 };
 
 struct RankedCandidate {

@@ -40,6 +40,7 @@ Recipe full_recipe() {
   r.fp8.modules = {"paligemma_with_expert.gemma_expert.model.layers.*.mlp.gate_proj", "action_out_proj"};
   r.groups = {{"vision", {"paligemma_with_expert.paligemma.model.vision_tower"}, true},
               {"layer.0", {"a.layers.0", "b.layers.0"}, false}};
+  r.optimizer.state_dtype = StateDtype::kInt8Blockwise;
   r.distributed.world_size = 8;
   r.distributed.reduce_dtype = ReduceDtype::kFp32;
   r.tuned_on.gpu = "NVIDIA H200";
@@ -290,6 +291,24 @@ TEST_CASE("The hash of the default recipe is pinned", "[formats][recipe]") {
   // If this changes, every stored run.json stops matching its recipe: bump the schema instead.
   CHECK(recipe_hash(Recipe{}) == recipe_hash(parse_recipe(json::object(), "r.json")));
   CHECK(recipe_hash(Recipe{}) == "35a46b964672f4d0");
+}
+
+TEST_CASE("optimizer.state_dtype is written only when not auto, changes the hash and rejects unknown dtypes",
+          "[formats][recipe]") {
+  const Recipe int8 = parse_recipe(json::parse(R"({"optimizer": {"state_dtype": "int8-blockwise"}})"), "r.json");
+  CHECK(int8.optimizer.state_dtype == StateDtype::kInt8Blockwise);
+  CHECK(recipe_to_json(int8)["optimizer"] == json{{"state_dtype", "int8-blockwise"}});
+  CHECK(parse_recipe(recipe_to_json(int8), "r.json") == int8);
+  CHECK(recipe_hash(int8) != recipe_hash(Recipe{}));
+
+  const Recipe automatic = parse_recipe(json::parse(R"({"optimizer": {"state_dtype": "auto"}})"), "r.json");
+  CHECK(automatic == Recipe{});
+  CHECK_FALSE(recipe_to_json(automatic).contains("optimizer"));
+
+  CHECK_THAT(error_of(R"({"optimizer": {"state_dtype": "int8"}})").what(),
+             Catch::Equals("recipe.json: $.optimizer.state_dtype: expected one of \"auto\", \"int8-blockwise\", got "
+                           "string \"int8\""));
+  CHECK(error_of(R"({"optimizer": {"state": "int8-blockwise"}})").json_path() == "$.optimizer.state");
 }
 
 TEST_CASE("model_options.attention_backend reads every backend, is written only when set, and enters the hash",
