@@ -1,5 +1,7 @@
 #include "trainer/memory_cap.h"
 
+#include <ATen/Context.h>
+
 #include <cmath>
 #include <iomanip>
 #include <sstream>
@@ -41,6 +43,8 @@ void apply_memory_cap(const torch::Device& device, std::optional<double> gib, st
   const double total = static_cast<double>(at::cuda::getDeviceProperties(index)->totalGlobalMem);
   if (*gib * kGiB > total)
     throw TrainInputError("--max-memory: " + gib_text(*gib) + " is more than the GPU's " + gib_text(total / kGiB));
+  // The caching allocator is set up with CUDA's lazy initialization; the cap comes before the first allocation.
+  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
   c10::cuda::CUDACachingAllocator::setMemoryFraction(*gib * kGiB / total, index);
   log << "memory cap: " << gib_text(*gib) << " of the GPU's " << gib_text(total / kGiB)
       << " (--max-memory; the caching allocator refuses beyond it)\n";
