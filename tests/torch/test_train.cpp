@@ -19,6 +19,7 @@
 #include "formats/recipe.h"
 #include "formats/run_record.h"
 #include "model/safetensors_io.h"
+#include "temp_dir.h"
 #include "trainer/checkpoint.h"
 #include "trainer/train_loop.h"
 
@@ -27,10 +28,7 @@ namespace {
 using vlatune::trainer::TrainOptions;
 
 std::string fresh_dir(const std::string& tag) {
-  char templ[] = "/tmp/vlatune-train-XXXXXX";
-  const char* dir = ::mkdtemp(templ);
-  REQUIRE(dir != nullptr);
-  return std::string(dir) + "/" + tag;
+  return vlatune::test::make_temp_dir("train") + "/" + tag;
 }
 
 TrainOptions tiny_options(const std::string& out, int64_t steps) {
