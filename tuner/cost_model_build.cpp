@@ -227,7 +227,19 @@ Candidates collect_candidates(const CostModel& m, const std::vector<int>& gemm_u
   };
   for (int g : gemm_units) add(profile.gemms[static_cast<size_t>(g)].name, "backbone_mlp_gate_up");
   for (const std::string& fqn : baseline) add(fqn, kind_or(fqn, "profiled"));
+  // A profile whose GEMM inventory has no merged gate+up GEMM (the CPU's reference path runs gate_proj and up_proj
+  // apart) has no such unit to price: an A/B row of those units alone calibrates nothing (an empty class).
+  const auto is_gate_up = [](const std::string& name) {
+    const std::string leaf = "." + layout::kGateUpLeaf;
+    return name.size() > leaf.size() && name.compare(name.size() - leaf.size(), leaf.size(), leaf) == 0;
+  };
+  const bool gate_up_units = std::any_of(m.recompute_names.begin(), m.recompute_names.end(), is_gate_up);
   for (size_t r = 0; r < b0.recompute.size(); ++r) {
+    const std::vector<std::string>& patterns = b0.recompute[r].patterns;
+    if (!gate_up_units && !patterns.empty() && std::all_of(patterns.begin(), patterns.end(), is_gate_up)) {
+      c.class_fqns.emplace_back();
+      continue;
+    }
     c.class_fqns.push_back(formats::resolve_patterns(b0.recompute[r].patterns, m.recompute_names, m.file,
                                                      "$.batches[0].recompute[" + std::to_string(r) + "].patterns"));
     for (const std::string& fqn : c.class_fqns.back()) add(fqn, kind_or(fqn, b0.recompute[r].name));
@@ -386,6 +398,7 @@ void calibrate(CostModel& m, const Candidates& c, const std::map<std::string, in
   const double bb0 = static_cast<double>(b0.batch);
   std::set<int> calibrated;
   for (size_t r = 0; r < b0.recompute.size(); ++r) {
+    if (c.class_fqns[r].empty()) continue;  // nothing of this row is a unit here (collect_candidates)
     const formats::RecomputeCandidate& row = b0.recompute[r];
     Calibration cal;
     cal.name = row.name;

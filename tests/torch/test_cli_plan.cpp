@@ -113,3 +113,21 @@ TEST_CASE("vlatune plan: --out over its --profile is refused (4); an unwritable 
   CHECK(fifo.code == vlatune::cli::kExitBadInput);  // refused at once, where it used to wait for a writer
   CHECK(fifo.err.find("not a regular file") != std::string::npos);
 }
+
+TEST_CASE("vlatune plan plans a CPU profile from its estimated peak and this machine's memory, and says so",
+          "[cli][plan][profiler]") {
+  torch::set_num_threads(1);
+  const std::string dir = temp_dir();
+  // The CPU runs gate_proj and up_proj apart: its profile has an A/B row for the merged gate+up units but no merged
+  // GEMM to price them by, which the planner must take as a row that calibrates nothing.
+  auto prof =
+      run_cli({"profile", "--config", "tiny", "--device", "cpu", "--data", "synthetic", "--batch", "2", "--warmup", "0",
+               "--timed-steps", "2", "--steps", "1", "--ab-steps", "1", "--out", dir + "/profile"});
+  REQUIRE(prof.code == 0);
+  auto r = run_cli({"plan", "--profile", dir + "/profile", "--batch", "2", "--explain", "--out", dir + "/r.json"});
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("this machine's") != std::string::npos);
+  CHECK(r.out.find("estimated (a CPU profile measures no device peak)") != std::string::npos);
+  CHECK(vlatune::formats::read_recipe(dir + "/r.json").batch.micro_batch == 2);
+}
