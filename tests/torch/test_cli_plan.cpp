@@ -116,6 +116,13 @@ TEST_CASE("vlatune plan: --out over its --profile is refused (4); an unwritable 
 
 TEST_CASE("vlatune plan plans a CPU profile from its estimated peak and this machine's memory, and says so",
           "[cli][plan][profiler]") {
+  // One intra-op thread: step times that grow with the batch on a busy machine. Restored after, as the op-count
+  // baseline is taken at the default.
+  struct Threads {
+    int before = at::get_num_threads();
+    Threads() { torch::set_num_threads(1); }
+    ~Threads() { torch::set_num_threads(before); }
+  } one_thread;
   const std::string dir = temp_dir();
   // The CPU runs gate_proj and up_proj apart: its profile has an A/B row for the merged gate+up units but no merged
   // GEMM to price them by, which the planner must take as a row that calibrates nothing.
