@@ -359,6 +359,6 @@ TEST_CASE("Held-out evaluation rows are plotted beside the training loss, with t
   CHECK(count(loss_chart, "bf16 (held-out)") >= 1);
   CHECK(count(html.substr(error), "class=\"series\"") == 1);
   CHECK(count(html, "real units") >= 1);
-  // Without evaluation rows the section is as before (the golden file covers its bytes).
+  // Without evaluation rows the section draws the training loss alone (the golden file covers its bytes).
   CHECK(count(vlatune::reports::render_report(sample_input()), "held-out") == 0);
 }
