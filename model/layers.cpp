@@ -100,11 +100,22 @@ AdaRMSNormImpl::AdaRMSNormImpl(int64_t dim, int64_t cond_dim, double eps_, torch
 AdaRMSNormImpl::Output AdaRMSNormImpl::forward(const torch::Tensor& x, const torch::Tensor& cond,
                                                const torch::Tensor& delta, const torch::Tensor& gate_prev,
                                                kernels::OpPath path) {
+  return forward_modulated(x, modulation(cond, x), delta, gate_prev, path);
+}
+
+torch::Tensor AdaRMSNormImpl::modulation(const torch::Tensor& cond, const torch::Tensor& like) {
+  profiler::Scope scope(fqn());
+  return dense->forward(as_dtype_of(cond, like));
+}
+
+AdaRMSNormImpl::Output AdaRMSNormImpl::forward_modulated(const torch::Tensor& x, const torch::Tensor& modulation,
+                                                         const torch::Tensor& delta, const torch::Tensor& gate_prev,
+                                                         kernels::OpPath path) {
   profiler::Scope scope(fqn());
   // [B, 3*dim] -> three [B, 1, dim] views: elements 0..dim-1 scale, dim..2dim-1 shift, 2dim..3dim-1 gate.
-  auto modulation = dense->forward(as_dtype_of(cond, x)).unsqueeze(1).chunk(3, -1);
-  auto out = kernels::adarms_norm_residual(x, delta, gate_prev, modulation[0], modulation[1], eps, path);
-  return {out.h, out.y, modulation[2]};
+  auto parts = modulation.unsqueeze(1).chunk(3, -1);
+  auto out = kernels::adarms_norm_residual(x, delta, gate_prev, parts[0], parts[1], eps, path);
+  return {out.h, out.y, parts[2]};
 }
 
 EmbeddingImpl::EmbeddingImpl(int64_t num, int64_t dim, torch::TensorOptions options) {

@@ -98,6 +98,12 @@ class AdaRMSNormImpl : public ScopedModule {
   // cond [B, cond_dim], already in the compute dtype.
   Output forward(const torch::Tensor& x, const torch::Tensor& cond, const torch::Tensor& delta = {},
                  const torch::Tensor& gate_prev = {}, kernels::OpPath path = kernels::OpPath::kReference);
+  // dense(cond) [B, 3*dim]: the modulation, computed once by a caller that reuses it (sampling, where cond
+  // depends on the Euler step only).
+  torch::Tensor modulation(const torch::Tensor& cond, const torch::Tensor& like);
+  // forward with the modulation given.
+  Output forward_modulated(const torch::Tensor& x, const torch::Tensor& modulation, const torch::Tensor& delta = {},
+                           const torch::Tensor& gate_prev = {}, kernels::OpPath path = kernels::OpPath::kReference);
   Linear dense{nullptr};
   double eps;
 };

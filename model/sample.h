@@ -5,18 +5,23 @@
 //
 // Exactness: the prefix never attends to the suffix (spec §3, "Reusable prefix KV"), so the cached K/V equal the
 // ones the joint forward computes at every step; positions and masks are the training forward's (prefix
-// cumsum(valid) - 1, suffix Σvalid + j; padded prefix keys masked). sample_actions_uncached below is the plain
-// reference: num_steps full joint forwards. The time conditioning (time MLP and every adaRMS modulation) depends
-// only on t, which takes the same num_steps values on every call: it is computed once per batch size and reused
-// (the modulation GEMM reads ~116 M expert weights, a quarter of a suffix step's memory traffic at full size).
+// cumsum(valid) - 1, suffix Σvalid + j; padded prefix keys masked; with no padded key left after the shortcuts, as
+// for a single prompt, trimmed to its length, no mask at all). sample_actions_uncached below is the plain
+// reference: num_steps full joint forwards. The time conditioning (the time MLP and every adaRMS modulation)
+// depends only on t, which takes the same num_steps values on every call: it is computed once per batch size and
+// reused (the modulation GEMMs read ~116 M expert weights, a quarter of a suffix step's memory traffic at full
+// size, in 37 launches per step).
 //
-// CUDA graph (SampleOptions::cuda_graph): the whole denoising loop (num_steps suffix passes and the Euler updates)
-// is captured once per shape (batch, prefix length, horizon) and replayed; the prefix pass writes its K/V into the
-// graph's cache tensors before each replay. The first call at a new shape runs eagerly and then captures (lazy
-// set-up such as cuBLAS handles stays out of the capture); a capture that fails is reported once through
-// graph_status() and sampling stays eager.
+// CUDA graph (SampleOptions::cuda_graph): a chunk is three captured graphs replayed back to back, captured once
+// per shape (batch, camera slots, image side, prompt length, horizon, masked): SigLIP + projector, the prefix pass
+// into the K/V cache, and the denoising loop (num_steps suffix passes and the Euler updates). The inputs are
+// copied into the graphs' static tensors before each replay; the input shortcuts (which read the masks on the
+// host) run before it. The first call at a new shape runs eagerly and then captures (lazy set-up such as cuBLAS
+// handles and cuDNN plans stays out of the capture); a capture that fails is reported once through graph_status()
+// and sampling stays eager.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -26,6 +31,7 @@
 
 #include <torch/torch.h>
 
+#include "kernels/fused_ops.h"
 #include "model/batch.h"
 #include "model/config.h"
 
@@ -36,6 +42,7 @@ struct CUDAGraph;
 namespace vlatune::model {
 
 class Pi05Impl;
+class GemmaAttentionImpl;
 
 struct SampleOptions {
   int64_t num_steps = 10;  // Euler steps (openpi: 10)
@@ -54,8 +61,8 @@ std::vector<float> euler_times(int64_t num_steps);
 // the same seed gives the same noise on every device.
 torch::Tensor sample_noise(int64_t batch, int64_t horizon, int64_t action_dim, uint64_t seed);
 
-// Milliseconds per phase of one sample() call (the device is synchronized at each boundary, so only ask for it
-// when timing: the untimed call runs without host syncs after the prefix's shortcuts).
+// Milliseconds per phase of one sample() call. Eager: wall time, the device synchronized at each boundary (only ask
+// for it when timing). Graph replays: the GPU time between events recorded around each graph, no syncs inside.
 struct SampleTiming {
   double vision_ms = 0;  // SigLIP + projector
   double prefix_ms = 0;  // text embedding + the backbone's prefix pass into the K/V cache
@@ -86,23 +93,43 @@ class Sampler {
   // The K/V cache and the suffix's attention inputs (exposed for tests).
   struct Cache {
     std::vector<torch::Tensor> keys, values;  // per layer [B, kv_heads, P + H, D]: prefix rows, then the suffix's
-    torch::Tensor suffix_mask;                // [B, 1, H, P + H] bool: valid prefix keys and every suffix key
+    torch::Tensor suffix_mask;                // [B, 1, H, P + H] bool: valid prefix keys and every suffix key;
+                                              // undefined when no prefix key is padding
     torch::Tensor suffix_cos, suffix_sin;     // [B, 1, H, D / 2]: RoPE at positions Σvalid_prefix + j
     int64_t prefix_len = 0;                   // P
   };
 
  private:
   struct Conditioning {
-    std::vector<torch::Tensor> cond;  // per step [B, width]
+    // Per Euler step: the adaRMS modulations [B, 3 * width] of the expert's layers (input, post-attention) in
+    // layer order, then the final norm's.
+    std::vector<std::vector<torch::Tensor>> modulations;
   };
+  // The batch after the input shortcuts, and whether any prefix position is padding (then attention is masked).
+  struct Prepared {
+    Pi05Batch batch;
+    bool masked = true;
+  };
+  using GraphKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
   struct Graph;
 
-  // Prefix pass of `batch` (shortcuts applied) into `cache` (allocated when empty or of another shape).
-  void encode_prefix(const Pi05Batch& batch, int64_t horizon, Cache& cache, SampleTiming* timing);
+  // The shortcuts (host syncs: the masks are read) and the mask decision.
+  Prepared prepare(const Pi05Batch& raw) const;
+  // SigLIP + projector: the image tokens [B, slots * tokens_per_image, width], undefined without camera slots.
+  torch::Tensor vision(const Pi05Batch& b);
+  // The prefix pass into a newly allocated `cache`.
+  void encode_prefix(const Pi05Batch& b, const torch::Tensor& image_tokens, bool masked, int64_t horizon, Cache& cache);
+  // q (with_q) [B, H, T, D], k, v [B, Hk, T, D] of attention `a` from its input y, RoPE applied with the tables.
+  kernels::QkvHeads project_qkv(GemmaAttentionImpl& a, const torch::Tensor& y, bool with_q, const torch::Tensor& cos,
+                                const torch::Tensor& sin, bool suffix) const;
   // One suffix pass at Euler step `step`: the velocity [B, H, action_dim] at x.
   torch::Tensor velocity(Cache& cache, const torch::Tensor& x, int64_t step);
   // The Euler loop from x = noise; returns x at t = 0.
   torch::Tensor denoise(Cache& cache, const torch::Tensor& noise);
+  torch::Tensor run_eager(const Prepared& prepared, const torch::Tensor& x0, SampleTiming* timing,
+                          std::chrono::steady_clock::time_point t0);
+  // Captures the three phases for `key` (CUDA builds; called on the capture stream).
+  void capture(const GraphKey& key, const Prepared& prepared, const torch::Tensor& x0);
   const Conditioning& conditioning(int64_t batch);
   bool fused(const torch::Tensor& like) const;
 
@@ -110,8 +137,8 @@ class Sampler {
   SampleOptions options_;
   std::vector<float> times_;
   c10::ScalarType compute_;
-  std::map<int64_t, Conditioning> conditioning_;                                    // by batch size
-  std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<Graph>> graphs_;  // by (B, P, H)
+  std::map<int64_t, Conditioning> conditioning_;       // by batch size
+  std::map<GraphKey, std::unique_ptr<Graph>> graphs_;  // by shape
   std::string graph_status_ = "eager";
   bool graph_failed_ = false;
   int64_t captures_ = 0, replays_ = 0;

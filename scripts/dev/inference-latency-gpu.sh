@@ -2,7 +2,7 @@
 # Action-chunk latency on one GPU, the setting of the inference target (<= 20 ms per chunk, median): full-size
 # Pi0.5 in bf16 with random weights, batch 1, two cameras, a 20-token prompt padded to 200 tokens, horizon 10,
 # 10 Euler steps. Measures, in this order:
-#   1. the GPU sampling tests ("[gpu][sample]": graph replay equals eager, bf16 close to fp32);
+#   1. the sampling tests ("[sample]", CPU and GPU: graph replay equals eager, bf16 close to fp32);
 #   2. `vlatune sample --bench 50`, eager and with --cuda-graph: median ms per chunk and the vision / prefix /
 #      suffix (10 steps) split;
 #   3. `vlatune profile --inference`: per-module time of one chunk (profile.json, trace.json.gz);
@@ -35,14 +35,15 @@ if [ "${1:-}" = "--pack" ]; then
     --pad_id=0 --eos_id=1 --bos_id=2 --unk_id=3 --user_defined_symbols=$'\n' >/dev/null 2>&1
   rm -f "$corpus"
   # openpi-client's own wheels, small: numpy comes from the GPU machine's python3 (its venv sees the system site
-  # packages); VLATUNE_PACK_NUMPY=1 adds numpy<2 wheels too (~18 MB per Python version).
+  # packages) when it has one; VLATUNE_PACK_NUMPY=3.12 adds the numpy<2 wheel for that Python version (~18 MB: one
+  # version only, to stay inside the device tool's 64 MiB carry).
   wheels="$root/.whl/openpi-client"
   rm -rf "$wheels" && mkdir -p "$wheels"
   pip_download() { "$(cat "$root/.vlatune/python")" -m pip download -q --no-deps -d "$wheels" "$@"; }
   pip_download openpi-client==0.1.2 typing_extensions
   for py in 3.10 3.11 3.12 3.13; do
     extra=()
-    [ "${VLATUNE_PACK_NUMPY:-0}" = 1 ] && [ "$py" != 3.13 ] && extra=("numpy<2")
+    [ "${VLATUNE_PACK_NUMPY:-}" = "$py" ] && extra=("numpy<2")
     pip_download --only-binary=:all: --python-version "$py" --platform manylinux2014_x86_64 \
       --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 msgpack "websockets>=11" "${extra[@]}"
   done
@@ -72,7 +73,7 @@ note "built in $(( $(date +%s) - t0 ))s"
 v=build-gpu/cli/vlatune
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$summary"
 
-./build-gpu/tests/vlatune_tests_torch "[gpu][sample]" >"$out/tests.log" 2>&1
+./build-gpu/tests/vlatune_tests_torch "[sample]" >"$out/tests.log" 2>&1
 note "GPU sampling tests: $(tail -2 "$out/tests.log" | tr '\n' ' ')"
 
 $v model batch --config full --batch 1 --slots 3 --cameras 2 --text-len 200 --prompt-len 20:20 --horizon 10 \
