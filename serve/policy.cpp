@@ -185,7 +185,8 @@ Policy::Actions Policy::infer(const std::map<std::string, WireValue>& obs) {
 
   const auto device = model_.action_in_proj->weight.device();
   model::Pi05Batch batch;
-  batch.images = trainer::preprocess_images(pixels, side, config_.slots, nullptr).to(device);
+  // The uint8 pixels travel (a sixth of the float bytes); the scaling runs where the model does.
+  batch.images = trainer::preprocess_images(pixels.to(device), side, config_.slots, nullptr);
   batch.image_masks = (torch::arange(config_.slots) < cams).unsqueeze(0).to(device);
   batch.tokens = torch::tensor(std::vector<int64_t>(tokens.ids.begin(), tokens.ids.end()), torch::kLong)
                      .view({1, config_.text_len})
