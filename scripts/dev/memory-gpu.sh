@@ -11,7 +11,9 @@
 #   bash scripts/pack-deps.sh
 #   device run (kind nvidia-h200-x2): command "bash scripts/dev/memory-gpu.sh", carry [".deps"]
 # Output: $OUT/{bf16,int8}.json (run.json), $OUT/*_metrics.jsonl, $OUT/numerics.txt, $OUT/*.log; a table last.
-# Options (environment): STEPS (default 200), MICRO (4), BUDGET_BF16 (30), BUDGET_INT8 (22), ARCHS (9.0).
+# Options (environment): STEPS (default 200), MICRO (4), BUDGET_BF16 (30), BUDGET_INT8 (22), ARCHS (9.0),
+# STATES ("int8 bf16": which runs this call makes; one GPU and a 10-minute call: STATES=int8, then STATES=bf16 in a
+# second call on the same machine, which gates against the first's run kept in /tmp), TESTS (1: the GPU tests).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -36,8 +38,10 @@ ninja -C build-gpu -j "$(nproc)" vlatune vlatune_tests_torch >"$out/build.log" 2
 v=./build-gpu/cli/vlatune
 echo "$(el) built"; $v --version
 
-./build-gpu/tests/vlatune_tests_torch "[int8],[memory],[environment]" 2>&1 | tail -4 | tee "$out/tests_gpu.log"
-echo "$(el) GPU tests"
+if [ "${TESTS:-1}" = 1 ]; then
+  ./build-gpu/tests/vlatune_tests_torch "[int8],[memory],[environment]" 2>&1 | tail -4 | tee "$out/tests_gpu.log"
+  echo "$(el) GPU tests"
+fi
 
 mkdir -p /tmp/memory-recipes
 for state in bf16 int8; do
@@ -61,18 +65,23 @@ train() {  # STATE BUDGET GPU
     --steps "$steps" --warmup-steps 20 --seed 0 --timing-warmup 3 --max-memory "$budget" --out "/tmp/memory-$state" \
     --no-progress --log-every 25 --no-save >"$out/$state.log" 2>&1
   echo "$state exit $?" >>"$out/$state.log"
-  cp "/tmp/memory-$state/run.json" "$out/$state.json" 2>/dev/null
-  cp "/tmp/memory-$state/metrics.jsonl" "$out/${state}_metrics.jsonl" 2>/dev/null
 }
-if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+states="${STATES:-int8 bf16}"
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && [ "$states" = "int8 bf16" ]; then
   train bf16 "$budget_bf16" 0 &
   train int8 "$budget_int8" 1
   wait
 else
-  train int8 "$budget_int8" 0
-  train bf16 "$budget_bf16" 0
+  for state in $states; do
+    budget="$budget_bf16"; [ "$state" = int8 ] && budget="$budget_int8"
+    train "$state" "$budget" 0
+  done
 fi
-echo "$(el) trained"; tail -3 "$out/bf16.log" "$out/int8.log"
+for state in bf16 int8; do  # this call's runs, or an earlier call's on the same machine
+  cp "/tmp/memory-$state/run.json" "$out/$state.json" 2>/dev/null
+  cp "/tmp/memory-$state/metrics.jsonl" "$out/${state}_metrics.jsonl" 2>/dev/null
+done
+echo "$(el) trained"; tail -3 "$out"/bf16.log "$out"/int8.log 2>/dev/null
 $v check --numerics --curve-loss-only --baseline "$out/bf16.json" --candidate "$out/int8.json" >"$out/numerics.txt" 2>&1
 gate=$?
 cat "$out/numerics.txt"

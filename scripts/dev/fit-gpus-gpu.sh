@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Plans for smaller GPUs, measured on one: a `vlatune profile` of the full config (bf16, synthetic data, micro-batch
+# 32 and 4), then `vlatune plan` for 40, 28 and 22 GiB keeping the global batch at 32 (22 GiB with
+# `--allow optimizer-state`, since bf16 parameters, gradients and AdamW moments alone take ~25 GiB), and LoRA with
+# openpi's preset (`"lora": {"preset": "openpi"}`) at global batch 32 (micro-batch 8 x 4, decoder layers recomputed).
+# Each recipe trains STEPS steps under `--max-memory` equal to its budget; the table gives predicted and measured
+# peak and samples/s (median, from run.json). The 200-step numerics gate of 8-bit AdamW is memory-gpu.sh's.
+#
+#   bash scripts/pack-deps.sh
+#   device run: command "bash scripts/dev/fit-gpus-gpu.sh", carry [".deps"]   (~7 min on one H200)
+# Options (environment): STEPS (default 30), BUDGETS ("40 28 22"), LORA_BUDGET (14), ARCHS (9.0),
+# SKIP_PROFILE=1 reuses /tmp/fit-profile from an earlier call on the same machine.
+# Output: $OUT/plan_<GiB>.json, $OUT/plan_<GiB>.txt (--explain), $OUT/run_<name>.json, $OUT/*.log; the table last.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$root"
+out="${OUT:-$root/out}"
+mkdir -p "$out"
+steps="${STEPS:-30}"
+budgets="${BUDGETS:-40 28 22}"
+lora_budget="${LORA_BUDGET:-14}"
+t0=$(date +%s)
+el() { echo "[$(($(date +%s) - t0)) s]"; }
+
+prefix="$root/.deps/root/usr"
+[ -d "$prefix" ] || { echo "fit-gpus: .deps missing: run scripts/pack-deps.sh here and carry .deps" >&2; exit 4; }
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+commit="${VLATUNE_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}"
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DVLATUNE_PYTHON="$(command -v python3)" \
+  -DVLATUNE_CUDA=ON -DVLATUNE_CUDA_ARCHS="${ARCHS:-9.0}" -DVLATUNE_GIT_COMMIT="$commit" \
+  -DCMAKE_PREFIX_PATH="$prefix" >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
+ninja -C build-gpu -j "$(nproc)" vlatune vlatune_tests_torch >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+v=./build-gpu/cli/vlatune
+echo "$(el) built"; $v --version
+
+profile=/tmp/fit-profile
+if [ "${SKIP_PROFILE:-0}" != 1 ] || [ ! -f "$profile/profile.json" ]; then
+  rm -rf "$profile"
+  timeout 300 $v profile --config full --data synthetic --batch 32 --second-batch 4 --trace-steps 0 --gemm-reps 0 \
+    --out "$profile" >"$out/profile.log" 2>&1
+  echo "$(el) profile exit $?: $(grep -E 'step|peak' "$out/profile.log" | tail -2 | tr '\n' ' ')"
+fi
+
+recipes=()
+for gib in $budgets; do
+  allow=()
+  [ "$gib" -lt 26 ] && allow=(--allow optimizer-state)
+  $v plan --profile "$profile" --memory-budget "$gib" --global-batch 32 "${allow[@]}" --out "$out/plan_$gib.json" \
+    >"$out/plan_$gib.log" 2>&1
+  echo "plan $gib GiB exit $?: $(tail -1 "$out/plan_$gib.log")"
+  $v plan --profile "$profile" --memory-budget "$gib" --global-batch 32 "${allow[@]}" --explain \
+    >"$out/plan_$gib.txt" 2>&1
+  [ -f "$out/plan_$gib.json" ] && recipes+=("plan_$gib:$gib")
+done
+python3 - "$out/lora.json" <<'PY'
+import json, sys
+json.dump({"schema": "vlatune.recipe/1", "batch": {"micro_batch": 8, "grad_accum": 4},
+           "recompute": {"modules": ["paligemma_with_expert.paligemma.model.language_model.layers.*",
+                                     "paligemma_with_expert.gemma_expert.model.layers.*"]},
+           "lora": {"preset": "openpi"}}, open(sys.argv[1], "w"), indent=2)
+PY
+recipes+=("lora:$lora_budget")
+
+for entry in "${recipes[@]}"; do
+  name="${entry%%:*}"; budget="${entry##*:}"
+  rm -rf "/tmp/fit-$name"
+  timeout 240 $v train --config full --data synthetic --recipe "$out/$name.json" --steps "$steps" --seed 0 \
+    --timing-warmup 3 --max-memory "$budget" --out "/tmp/fit-$name" --no-progress --log-every 10 --no-save \
+    >"$out/train_$name.log" 2>&1
+  echo "$(el) $name exit $?: $(tail -1 "$out/train_$name.log")"
+  cp "/tmp/fit-$name/run.json" "$out/run_$name.json" 2>/dev/null
+  cp "/tmp/fit-$name/metrics.jsonl" "$out/metrics_$name.jsonl" 2>/dev/null
+done
+
+python3 - "$out" "${recipes[@]}" <<'PY'
+import json, os, sys
+out, entries = sys.argv[1], sys.argv[2:]
+def load(path):
+    try:
+        return json.load(open(path))
+    except (OSError, ValueError):
+        return None
+print("\n| recipe | --max-memory GiB | micro x accum | recompute | AdamW state | trained | predicted peak GiB | "
+      "peak GiB | predicted samples/s | samples/s (median) |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for entry in entries:
+    name, budget = entry.split(":")
+    r, run = load(os.path.join(out, f"{name}.json")), load(os.path.join(out, f"run_{name}.json"))
+    if r is None:
+        print(f"| {name} | {budget} | no recipe | | | | | | | |")
+        continue
+    b, pred = r.get("batch", {}), r.get("predicted", {})
+    rec = len(r.get("recompute", {}).get("modules", []))
+    state = r.get("optimizer", {}).get("state_dtype", "auto")
+    trained = "LoRA " + r["lora"].get("preset", "targets") if r.get("lora") else "all"
+    fmt = lambda x: f"{x:.2f}" if isinstance(x, (int, float)) else "n/a"
+    peak = run.get("peak_gib") if run else None
+    sps = run.get("samples_per_s_median") if run else None
+    print(f"| {name} | {budget} | {b.get('micro_batch')} x {b.get('grad_accum')} | {rec} patterns | {state} | "
+          f"{trained} | {fmt(pred.get('peak_gib'))} | {fmt(peak) if run else 'failed'} | "
+          f"{fmt(pred.get('samples_per_s'))} | {fmt(sps)} |")
+PY
+echo "$(el) done"
