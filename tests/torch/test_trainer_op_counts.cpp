@@ -118,7 +118,7 @@ nlohmann::json to_json(const Counts& step) {
           {"what",
            "ATen ops dispatched on the training thread in one steady-state optimizer step of `vlatune train "
            "--config tiny --data synthetic --device cpu --batch 2 --seed 5` (step 3 of 3), with GEMM FLOPs and "
-           "bytes; written by tests/torch/test_op_counts.cpp"},
+           "bytes; written by tests/torch/test_trainer_op_counts.cpp"},
           {"ops_per_step", step.ops},
           {"gemm_flops_per_step", step.gemm_flops},
           {"gemm_bytes_per_step", step.gemm_bytes},
