@@ -152,29 +152,24 @@ __global__ void __launch_bounds__(kFinalizeBlock)
   if (threadIdx.x == 0) out[0] = acc;
 }
 
-template <typename P, typename G, typename S, bool kModel>
+template <AdamwStorage kStorage>
 void launch_adamw_typed(const AdamwTensorList& list, const AdamwScalars& scalars, cudaStream_t stream) {
+  using Types = StorageTypes<kStorage>;
   AdamwTable table;
   auto set_slot = [&](int slot, int64_t i) {
     table.p[slot] = list.params[i];
     table.g[slot] = list.grads[i];
     table.m[slot] = list.exp_avg[i];
     table.v[slot] = list.exp_avg_sq[i];
-    table.model[slot] = kModel ? list.model_bf16[i] : nullptr;
+    table.model[slot] = Types::kModel ? list.model_bf16[i] : nullptr;
     return true;
   };
-  auto move_slot = [&](int from, int to) {
-    table.p[to] = table.p[from];
-    table.g[to] = table.g[from];
-    table.m[to] = table.m[from];
-    table.v[to] = table.v[from];
-    table.model[to] = table.model[from];
-  };
   auto launch = [&](int blocks) {
-    adamw_multi_tensor_kernel<P, G, S, kModel><<<blocks, kBlock, 0, stream>>>(table, scalars);
+    adamw_multi_tensor_kernel<typename Types::Param, typename Types::Grad, typename Types::State, Types::kModel>
+        <<<blocks, kBlock, 0, stream>>>(table, scalars);
     VLATUNE_CUDA_CHECK(cudaGetLastError());
   };
-  for_each_launch(table, list.numels, list.count, set_slot, move_slot, launch);
+  for_each_launch(table, list.numels, list.count, set_slot, launch);
 }
 
 template <typename T>
@@ -187,13 +182,12 @@ void launch_sum_squares_typed(const void* const* tensors, const int64_t* numels,
     table.x[slot] = tensors[i];
     return true;
   };
-  auto move_slot = [&](int from, int to) { table.x[to] = table.x[from]; };
   auto launch = [&](int blocks) {
     sum_squares_multi_tensor_kernel<T><<<blocks, kBlock, 0, stream>>>(table, workspace);
     VLATUNE_CUDA_CHECK(cudaGetLastError());
     table.partial_offset += blocks;
   };
-  for_each_launch(table, numels, count, set_slot, move_slot, launch);
+  for_each_launch(table, numels, count, set_slot, launch);
   sum_partials_kernel<<<1, kFinalizeBlock, 0, stream>>>(workspace, table.partial_offset, out);
   VLATUNE_CUDA_CHECK(cudaGetLastError());
 }
@@ -202,33 +196,8 @@ void launch_sum_squares_typed(const void* const* tensors, const int64_t* numels,
 
 void launch_adamw_multi_tensor(AdamwStorage storage, const AdamwTensorList& list, const AdamwParams& params,
                                CUstream_st* stream) {
-  check_list("launch_adamw_multi_tensor", list.count, list.numels);
-  if (list.count == 0) return;
-  if (list.params == nullptr || list.grads == nullptr || list.exp_avg == nullptr || list.exp_avg_sq == nullptr ||
-      (storage == AdamwStorage::kFp32Master && list.model_bf16 == nullptr)) {
-    throw std::invalid_argument(std::string("launch_adamw_multi_tensor[") + adamw_storage_name(storage) +
-                                "]: a pointer array is null");
-  }
-  if (params.step < 1) {
-    throw std::invalid_argument("launch_adamw_multi_tensor: step must be >= 1 (1-based), got " +
-                                std::to_string(params.step));
-  }
-  const AdamwScalars s = make_adamw_scalars(params);
-
-  NvtxRange range(storage == AdamwStorage::kBf16   ? "vlatune::adamw[bf16]"
-                  : storage == AdamwStorage::kFp32 ? "vlatune::adamw[fp32]"
-                                                   : "vlatune::adamw[fp32-master]");
-  switch (storage) {
-    case AdamwStorage::kFp32:
-      launch_adamw_typed<float, float, float, false>(list, s, stream);
-      break;
-    case AdamwStorage::kBf16:
-      launch_adamw_typed<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, false>(list, s, stream);
-      break;
-    case AdamwStorage::kFp32Master:
-      launch_adamw_typed<float, __nv_bfloat16, float, true>(list, s, stream);
-      break;
-  }
+  launch_update("launch_adamw_multi_tensor", "vlatune::adamw", storage, list, params, /*int8_state=*/false,
+                [&](auto st, const AdamwScalars& s) { launch_adamw_typed<decltype(st)::value>(list, s, stream); });
 }
 
 int64_t sum_squares_workspace_numel(const int64_t* numels, int64_t count) {

@@ -91,66 +91,106 @@ AdamwStorage infer_storage(const std::vector<at::Tensor>& params, const std::vec
                               describe(params.front()));
 }
 
-}  // namespace
+// The tensors of one update. exp_avg_absmax / exp_avg_sq_absmax: 8-bit state only (then exp_avg and exp_avg_sq
+// hold uint8 codes); null for full-precision state.
+struct UpdateTensors {
+  std::vector<at::Tensor>& params;
+  const std::vector<at::Tensor>& grads;
+  std::vector<at::Tensor>& exp_avg;
+  std::vector<at::Tensor>& exp_avg_sq;
+  std::vector<at::Tensor>* exp_avg_absmax;
+  std::vector<at::Tensor>* exp_avg_sq_absmax;
+  std::vector<at::Tensor>* master;
+  bool int8_state() const { return exp_avg_absmax != nullptr; }
+};
 
-void adamw_step(std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads, std::vector<at::Tensor>& exp_avg,
-                std::vector<at::Tensor>& exp_avg_sq, std::vector<at::Tensor>* master, const AdamwParams& p,
-                const at::Tensor& grad_scale) {
-  if (params.empty()) return;
-  const AdamwStorage storage = infer_storage(params, master);
-  const std::string op = std::string("adamw_step[") + adamw_storage_name(storage) + "]";
-  check_count(op, "grads", grads.size(), params.size());
-  check_count(op, "exp_avg", exp_avg.size(), params.size());
-  check_count(op, "exp_avg_sq", exp_avg_sq.size(), params.size());
-  if (master != nullptr) check_count(op, "master", master->size(), params.size());
+// The lists' lengths, then per tensor params, grads, the state and the master weights, then grad_scale.
+void check_update(const std::string& op, AdamwStorage storage, const UpdateTensors& t, const at::Tensor& grad_scale) {
+  const size_t n = t.params.size();
+  check_count(op, "grads", t.grads.size(), n);
+  check_count(op, "exp_avg", t.exp_avg.size(), n);
+  check_count(op, "exp_avg_sq", t.exp_avg_sq.size(), n);
+  if (t.int8_state()) {
+    check_count(op, "exp_avg_absmax", t.exp_avg_absmax->size(), n);
+    check_count(op, "exp_avg_sq_absmax", t.exp_avg_sq_absmax->size(), n);
+  }
+  if (t.master != nullptr) check_count(op, "master", t.master->size(), n);
 
   const at::ScalarType param_dtype = storage == AdamwStorage::kFp32 ? at::kFloat : at::kBFloat16;
-  const at::ScalarType state_dtype = storage == AdamwStorage::kBf16 ? at::kBFloat16 : at::kFloat;
-  const at::Device device = params.front().device();
-  for (size_t i = 0; i < params.size(); ++i) {
-    const at::IntArrayRef sizes = params[i].defined() ? params[i].sizes() : at::IntArrayRef{};
-    check_tensor(op, "params", i, params[i], param_dtype, sizes, device);
-    if (grads[i].defined()) check_tensor(op, "grads", i, grads[i], param_dtype, sizes, device);
-    check_tensor(op, "exp_avg", i, exp_avg[i], state_dtype, sizes, device);
-    check_tensor(op, "exp_avg_sq", i, exp_avg_sq[i], state_dtype, sizes, device);
-    if (master != nullptr) check_tensor(op, "master", i, (*master)[i], at::kFloat, sizes, device);
+  const at::ScalarType state_dtype = t.int8_state()                   ? at::kByte
+                                     : storage == AdamwStorage::kBf16 ? at::kBFloat16
+                                                                      : at::kFloat;
+  const at::Device device = t.params.front().device();
+  for (size_t i = 0; i < n; ++i) {
+    const at::IntArrayRef sizes = t.params[i].defined() ? t.params[i].sizes() : at::IntArrayRef{};
+    check_tensor(op, "params", i, t.params[i], param_dtype, sizes, device);
+    if (t.grads[i].defined()) check_tensor(op, "grads", i, t.grads[i], param_dtype, sizes, device);
+    check_tensor(op, "exp_avg", i, t.exp_avg[i], state_dtype, sizes, device);
+    check_tensor(op, "exp_avg_sq", i, t.exp_avg_sq[i], state_dtype, sizes, device);
+    if (t.int8_state()) {
+      const int64_t blocks = adamw_quant_blocks(t.params[i].numel());
+      check_tensor(op, "exp_avg_absmax", i, (*t.exp_avg_absmax)[i], at::kFloat, {blocks}, device);
+      check_tensor(op, "exp_avg_sq_absmax", i, (*t.exp_avg_sq_absmax)[i], at::kFloat, {blocks}, device);
+    }
+    if (t.master != nullptr) check_tensor(op, "master", i, (*t.master)[i], at::kFloat, sizes, device);
   }
-  if (grad_scale.defined()) {
-    check_tensor(op, "grad_scale", 0, grad_scale, at::kFloat, {}, device);
-  }
+  if (grad_scale.defined()) check_tensor(op, "grad_scale", 0, grad_scale, at::kFloat, {}, device);
+}
 
+#ifdef VLATUNE_HAVE_CUDA
+// Hands the tensors' pointers to the launcher of their state (adamw.h) on the device's current stream.
+void launch_on_cuda(AdamwStorage storage, const UpdateTensors& t, const AdamwParams& p, const at::Tensor& grad_scale) {
+  const size_t n = t.params.size();
+  std::vector<void*> p_ptr(n), m_ptr(n), v_ptr(n), model_ptr(n, nullptr);
+  std::vector<float*> m_absmax(t.int8_state() ? n : 0), v_absmax(t.int8_state() ? n : 0);
+  std::vector<const void*> g_ptr(n);
+  std::vector<int64_t> numels(n);
+  for (size_t i = 0; i < n; ++i) {
+    numels[i] = t.params[i].numel();
+    p_ptr[i] = t.master != nullptr ? (*t.master)[i].data_ptr() : t.params[i].data_ptr();
+    if (t.master != nullptr) model_ptr[i] = t.params[i].data_ptr();
+    g_ptr[i] = t.grads[i].defined() ? t.grads[i].const_data_ptr() : nullptr;
+    m_ptr[i] = t.exp_avg[i].data_ptr();
+    v_ptr[i] = t.exp_avg_sq[i].data_ptr();
+    if (t.int8_state()) {
+      m_absmax[i] = (*t.exp_avg_absmax)[i].data_ptr<float>();
+      v_absmax[i] = (*t.exp_avg_sq_absmax)[i].data_ptr<float>();
+    }
+  }
+  AdamwTensorList list;
+  list.params = p_ptr.data();
+  list.grads = g_ptr.data();
+  list.exp_avg = m_ptr.data();
+  list.exp_avg_sq = v_ptr.data();
+  list.exp_avg_absmax = t.int8_state() ? m_absmax.data() : nullptr;
+  list.exp_avg_sq_absmax = t.int8_state() ? v_absmax.data() : nullptr;
+  list.model_bf16 = t.master != nullptr ? model_ptr.data() : nullptr;
+  list.numels = numels.data();
+  list.count = static_cast<int64_t>(n);
+  AdamwParams launch_params = p;
+  launch_params.grad_scale_device = grad_scale.defined() ? grad_scale.const_data_ptr<float>() : nullptr;
+  const at::Device device = t.params.front().device();
+  const c10::cuda::CUDAGuard guard(device);
+  const auto launcher = t.int8_state() ? &launch_adamw_int8_multi_tensor : &launch_adamw_multi_tensor;
+  launcher(storage, list, launch_params, c10::cuda::getCurrentCUDAStream(device.index()).stream());
+}
+#endif
+
+// Checks the update and runs it where the tensors are: `reference` on the CPU, the fused kernel on CUDA.
+template <typename Reference>
+void run_update(const std::string& op, AdamwStorage storage, const UpdateTensors& t, const AdamwParams& p,
+                const at::Tensor& grad_scale, Reference reference) {
+  check_update(op, storage, t, grad_scale);
+  const at::Device device = t.params.front().device();
   if (device.is_cpu()) {
     if (p.step_scalars_device != nullptr)
       throw std::invalid_argument(op + ": step_scalars_device is a CUDA feature; these tensors are on the CPU");
-    adamw_step_ref(params, grads, exp_avg, exp_avg_sq, master, p, grad_scale);
+    reference();
     return;
   }
 #ifdef VLATUNE_HAVE_CUDA
   if (device.is_cuda()) {
-    const size_t n = params.size();
-    std::vector<void*> p_ptr(n), m_ptr(n), v_ptr(n), model_ptr(n, nullptr);
-    std::vector<const void*> g_ptr(n);
-    std::vector<int64_t> numels(n);
-    for (size_t i = 0; i < n; ++i) {
-      numels[i] = params[i].numel();
-      p_ptr[i] = master != nullptr ? (*master)[i].data_ptr() : params[i].data_ptr();
-      if (master != nullptr) model_ptr[i] = params[i].data_ptr();
-      g_ptr[i] = grads[i].defined() ? grads[i].const_data_ptr() : nullptr;
-      m_ptr[i] = exp_avg[i].data_ptr();
-      v_ptr[i] = exp_avg_sq[i].data_ptr();
-    }
-    AdamwTensorList list;
-    list.params = p_ptr.data();
-    list.grads = g_ptr.data();
-    list.exp_avg = m_ptr.data();
-    list.exp_avg_sq = v_ptr.data();
-    list.model_bf16 = master != nullptr ? model_ptr.data() : nullptr;
-    list.numels = numels.data();
-    list.count = static_cast<int64_t>(n);
-    AdamwParams launch_params = p;
-    launch_params.grad_scale_device = grad_scale.defined() ? grad_scale.const_data_ptr<float>() : nullptr;
-    const c10::cuda::CUDAGuard guard(device);
-    launch_adamw_multi_tensor(storage, list, launch_params, c10::cuda::getCurrentCUDAStream(device.index()).stream());
+    launch_on_cuda(storage, t, p, grad_scale);
     return;
   }
 #endif
@@ -158,76 +198,26 @@ void adamw_step(std::vector<at::Tensor>& params, const std::vector<at::Tensor>& 
                               (device.is_cuda() ? " (this build has no CUDA kernels)" : ""));
 }
 
+}  // namespace
+
+void adamw_step(std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads, std::vector<at::Tensor>& exp_avg,
+                std::vector<at::Tensor>& exp_avg_sq, std::vector<at::Tensor>* master, const AdamwParams& p,
+                const at::Tensor& grad_scale) {
+  if (params.empty()) return;
+  const AdamwStorage storage = infer_storage(params, master);
+  const UpdateTensors t{params, grads, exp_avg, exp_avg_sq, nullptr, nullptr, master};
+  run_update(std::string("adamw_step[") + adamw_storage_name(storage) + "]", storage, t, p, grad_scale,
+             [&] { adamw_step_ref(params, grads, exp_avg, exp_avg_sq, master, p, grad_scale); });
+}
+
 void adamw_step_int8(std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads, AdamwInt8State& state,
                      std::vector<at::Tensor>* master, const AdamwParams& p, const at::Tensor& grad_scale) {
   if (params.empty()) return;
   const AdamwStorage storage = infer_storage(params, master);
-  const std::string op = std::string("adamw_step_int8[") + adamw_storage_name(storage) + "]";
-  check_count(op, "grads", grads.size(), params.size());
-  check_count(op, "exp_avg", state.exp_avg.size(), params.size());
-  check_count(op, "exp_avg_sq", state.exp_avg_sq.size(), params.size());
-  check_count(op, "exp_avg_absmax", state.exp_avg_absmax.size(), params.size());
-  check_count(op, "exp_avg_sq_absmax", state.exp_avg_sq_absmax.size(), params.size());
-  if (master != nullptr) check_count(op, "master", master->size(), params.size());
-
-  const at::ScalarType param_dtype = storage == AdamwStorage::kFp32 ? at::kFloat : at::kBFloat16;
-  const at::Device device = params.front().device();
-  for (size_t i = 0; i < params.size(); ++i) {
-    const at::IntArrayRef sizes = params[i].defined() ? params[i].sizes() : at::IntArrayRef{};
-    check_tensor(op, "params", i, params[i], param_dtype, sizes, device);
-    if (grads[i].defined()) check_tensor(op, "grads", i, grads[i], param_dtype, sizes, device);
-    check_tensor(op, "exp_avg", i, state.exp_avg[i], at::kByte, sizes, device);
-    check_tensor(op, "exp_avg_sq", i, state.exp_avg_sq[i], at::kByte, sizes, device);
-    const int64_t blocks = adamw_quant_blocks(params[i].numel());
-    check_tensor(op, "exp_avg_absmax", i, state.exp_avg_absmax[i], at::kFloat, {blocks}, device);
-    check_tensor(op, "exp_avg_sq_absmax", i, state.exp_avg_sq_absmax[i], at::kFloat, {blocks}, device);
-    if (master != nullptr) check_tensor(op, "master", i, (*master)[i], at::kFloat, sizes, device);
-  }
-  if (grad_scale.defined()) check_tensor(op, "grad_scale", 0, grad_scale, at::kFloat, {}, device);
-
-  if (device.is_cpu()) {
-    if (p.step_scalars_device != nullptr)
-      throw std::invalid_argument(op + ": step_scalars_device is a CUDA feature; these tensors are on the CPU");
-    adamw_step_int8_ref(params, grads, state, master, p, grad_scale);
-    return;
-  }
-#ifdef VLATUNE_HAVE_CUDA
-  if (device.is_cuda()) {
-    const size_t n = params.size();
-    std::vector<void*> p_ptr(n), m_ptr(n), v_ptr(n), model_ptr(n, nullptr);
-    std::vector<float*> m_absmax(n), v_absmax(n);
-    std::vector<const void*> g_ptr(n);
-    std::vector<int64_t> numels(n);
-    for (size_t i = 0; i < n; ++i) {
-      numels[i] = params[i].numel();
-      p_ptr[i] = master != nullptr ? (*master)[i].data_ptr() : params[i].data_ptr();
-      if (master != nullptr) model_ptr[i] = params[i].data_ptr();
-      g_ptr[i] = grads[i].defined() ? grads[i].const_data_ptr() : nullptr;
-      m_ptr[i] = state.exp_avg[i].data_ptr();
-      v_ptr[i] = state.exp_avg_sq[i].data_ptr();
-      m_absmax[i] = state.exp_avg_absmax[i].data_ptr<float>();
-      v_absmax[i] = state.exp_avg_sq_absmax[i].data_ptr<float>();
-    }
-    AdamwTensorList list;
-    list.params = p_ptr.data();
-    list.grads = g_ptr.data();
-    list.exp_avg = m_ptr.data();
-    list.exp_avg_sq = v_ptr.data();
-    list.exp_avg_absmax = m_absmax.data();
-    list.exp_avg_sq_absmax = v_absmax.data();
-    list.model_bf16 = master != nullptr ? model_ptr.data() : nullptr;
-    list.numels = numels.data();
-    list.count = static_cast<int64_t>(n);
-    AdamwParams launch_params = p;
-    launch_params.grad_scale_device = grad_scale.defined() ? grad_scale.const_data_ptr<float>() : nullptr;
-    const c10::cuda::CUDAGuard guard(device);
-    launch_adamw_int8_multi_tensor(storage, list, launch_params,
-                                   c10::cuda::getCurrentCUDAStream(device.index()).stream());
-    return;
-  }
-#endif
-  throw std::invalid_argument(op + ": no implementation for tensors on " + device.str() +
-                              (device.is_cuda() ? " (this build has no CUDA kernels)" : ""));
+  const UpdateTensors t{params, grads, state.exp_avg, state.exp_avg_sq, &state.exp_avg_absmax, &state.exp_avg_sq_absmax,
+                        master};
+  run_update(std::string("adamw_step_int8[") + adamw_storage_name(storage) + "]", storage, t, p, grad_scale,
+             [&] { adamw_step_int8_ref(params, grads, state, master, p, grad_scale); });
 }
 
 at::Tensor global_grad_norm(const std::vector<at::Tensor>& grads) {

@@ -20,7 +20,6 @@ namespace vlatune::kernels {
 namespace {
 
 using fused_detail::from_float;
-using fused_detail::NvtxRange;
 using fused_detail::to_float;
 using namespace adamw_detail;
 
@@ -172,8 +171,9 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
-template <typename P, typename G, bool kModel>
+template <AdamwStorage kStorage>
 void launch_int8_typed(const AdamwTensorList& list, const AdamwScalars& scalars, cudaStream_t stream) {
+  using Types = StorageTypes<kStorage>;
   AdamwInt8Table table;
   const AdamwQuantMaps& maps = adamw_quant_maps();
   for (int i = 0; i < 256; ++i) {
@@ -187,56 +187,23 @@ void launch_int8_typed(const AdamwTensorList& list, const AdamwScalars& scalars,
     table.v[slot] = static_cast<uint8_t*>(list.exp_avg_sq[i]);
     table.m_absmax[slot] = list.exp_avg_absmax[i];
     table.v_absmax[slot] = list.exp_avg_sq_absmax[i];
-    table.model[slot] = kModel ? list.model_bf16[i] : nullptr;
+    table.model[slot] = Types::kModel ? list.model_bf16[i] : nullptr;
     return true;
   };
-  auto move_slot = [&](int from, int to) {
-    table.p[to] = table.p[from];
-    table.g[to] = table.g[from];
-    table.m[to] = table.m[from];
-    table.v[to] = table.v[from];
-    table.m_absmax[to] = table.m_absmax[from];
-    table.v_absmax[to] = table.v_absmax[from];
-    table.model[to] = table.model[from];
-  };
   auto launch = [&](int blocks) {
-    adamw_int8_multi_tensor_kernel<P, G, kModel><<<blocks, kBlock, 0, stream>>>(table, scalars);
+    adamw_int8_multi_tensor_kernel<typename Types::Param, typename Types::Grad, Types::kModel>
+        <<<blocks, kBlock, 0, stream>>>(table, scalars);
     VLATUNE_CUDA_CHECK(cudaGetLastError());
   };
-  for_each_launch(table, list.numels, list.count, set_slot, move_slot, launch);
+  for_each_launch(table, list.numels, list.count, set_slot, launch);
 }
 
 }  // namespace
 
 void launch_adamw_int8_multi_tensor(AdamwStorage storage, const AdamwTensorList& list, const AdamwParams& params,
                                     CUstream_st* stream) {
-  check_list("launch_adamw_int8_multi_tensor", list.count, list.numels);
-  if (list.count == 0) return;
-  if (list.params == nullptr || list.grads == nullptr || list.exp_avg == nullptr || list.exp_avg_sq == nullptr ||
-      list.exp_avg_absmax == nullptr || list.exp_avg_sq_absmax == nullptr ||
-      (storage == AdamwStorage::kFp32Master && list.model_bf16 == nullptr)) {
-    throw std::invalid_argument(std::string("launch_adamw_int8_multi_tensor[") + adamw_storage_name(storage) +
-                                "]: a pointer array is null");
-  }
-  if (params.step < 1) {
-    throw std::invalid_argument("launch_adamw_int8_multi_tensor: step must be >= 1 (1-based), got " +
-                                std::to_string(params.step));
-  }
-  const AdamwScalars s = make_adamw_scalars(params);
-  NvtxRange range(storage == AdamwStorage::kBf16   ? "vlatune::adamw_int8[bf16]"
-                  : storage == AdamwStorage::kFp32 ? "vlatune::adamw_int8[fp32]"
-                                                   : "vlatune::adamw_int8[fp32-master]");
-  switch (storage) {
-    case AdamwStorage::kFp32:
-      launch_int8_typed<float, float, false>(list, s, stream);
-      break;
-    case AdamwStorage::kBf16:
-      launch_int8_typed<__nv_bfloat16, __nv_bfloat16, false>(list, s, stream);
-      break;
-    case AdamwStorage::kFp32Master:
-      launch_int8_typed<float, __nv_bfloat16, true>(list, s, stream);
-      break;
-  }
+  launch_update("launch_adamw_int8_multi_tensor", "vlatune::adamw_int8", storage, list, params, /*int8_state=*/true,
+                [&](auto st, const AdamwScalars& s) { launch_int8_typed<decltype(st)::value>(list, s, stream); });
 }
 
 }  // namespace vlatune::kernels

@@ -1,15 +1,19 @@
 // The multi-tensor machinery the AdamW kernels share (adamw.cu: full-precision state and the norm; adamw_int8.cu:
-// 8-bit state): the work split and its measured constants, the launch scalars, vector packs, and the host loop that
-// fills a launch's (tensor, chunk) table. Torch-free; included by .cu files only.
+// 8-bit state): the work split and its measured constants, the launch scalars, vector packs, the host loop that
+// fills a launch's (tensor, chunk) table, and the checks and storage dispatch of both entry points. Torch-free;
+// included by .cu files only.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels/adamw.h"
+#include "kernels/fused_device.cuh"
 
 namespace vlatune::kernels::adamw_detail {
 
@@ -108,11 +112,10 @@ inline void check_list(const char* what, int64_t count, const int64_t* numels) {
 
 // Chunked multi-tensor apply: fills `table` with tensors and (tensor, chunk) block entries, and calls
 // launch(blocks) each time the block table or the tensor table is full, then once for the rest. `set_slot(slot,
-// i)` copies tensor i's pointers into table slot `slot`; `move_slot(from, to)` moves a tensor that continues into
-// the next launch to slot 0.
-template <typename Table, typename SetSlot, typename MoveSlot, typename Launch>
-void for_each_launch(Table& table, const int64_t* numels, int64_t count, SetSlot set_slot, MoveSlot move_slot,
-                     Launch launch) {
+// i)` copies tensor i's pointers into table slot `slot` (false: tensor i is skipped); a tensor that continues into
+// the next launch is set again into slot 0.
+template <typename Table, typename SetSlot, typename Launch>
+void for_each_launch(Table& table, const int64_t* numels, int64_t count, SetSlot set_slot, Launch launch) {
   int tensors = 0, blocks = 0;
   for (int64_t i = 0; i < count; ++i) {
     if (numels[i] == 0 || !set_slot(tensors, i)) continue;
@@ -130,14 +133,64 @@ void for_each_launch(Table& table, const int64_t* numels, int64_t count, SetSlot
         if (last_chunk) {
           tensors = 0;
         } else {
-          move_slot(tensors - 1, 0);
-          table.n[0] = table.n[tensors - 1];
+          set_slot(0, i);
+          table.n[0] = numels[i];
           tensors = 1;
         }
       }
     }
   }
   if (blocks > 0) launch(blocks);
+}
+
+// The element types of each storage (adamw.h AdamwTensorList): parameters (the fp32 master in kFp32Master),
+// gradients, full-precision moments, and whether a bf16 model copy is written.
+template <typename P, typename G, typename S, bool kWritesModel>
+struct ElementTypes {
+  using Param = P;
+  using Grad = G;
+  using State = S;
+  static constexpr bool kModel = kWritesModel;
+};
+template <AdamwStorage kStorage>
+struct StorageTypes;
+template <>
+struct StorageTypes<AdamwStorage::kFp32> : ElementTypes<float, float, float, false> {};
+template <>
+struct StorageTypes<AdamwStorage::kBf16> : ElementTypes<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, false> {};
+template <>
+struct StorageTypes<AdamwStorage::kFp32Master> : ElementTypes<float, __nv_bfloat16, float, true> {};
+
+// The body of both entry points of adamw.h: checks `list` (with 8-bit state also its absmax arrays) and the step,
+// rounds the launch scalars, and calls launch_typed(std::integral_constant<AdamwStorage, kStorage>{}, scalars) for
+// `storage` inside the NVTX range "<nvtx>[<storage>]". `what` names the entry point in errors.
+template <typename LaunchTyped>
+void launch_update(const char* what, const char* nvtx, AdamwStorage storage, const AdamwTensorList& list,
+                   const AdamwParams& params, bool int8_state, LaunchTyped launch_typed) {
+  check_list(what, list.count, list.numels);
+  if (list.count == 0) return;
+  if (list.params == nullptr || list.grads == nullptr || list.exp_avg == nullptr || list.exp_avg_sq == nullptr ||
+      (int8_state && (list.exp_avg_absmax == nullptr || list.exp_avg_sq_absmax == nullptr)) ||
+      (storage == AdamwStorage::kFp32Master && list.model_bf16 == nullptr)) {
+    throw std::invalid_argument(std::string(what) + "[" + adamw_storage_name(storage) + "]: a pointer array is null");
+  }
+  if (params.step < 1) {
+    throw std::invalid_argument(std::string(what) + ": step must be >= 1 (1-based), got " +
+                                std::to_string(params.step));
+  }
+  const AdamwScalars scalars = make_adamw_scalars(params);
+  const fused_detail::NvtxRange range((std::string(nvtx) + "[" + adamw_storage_name(storage) + "]").c_str());
+  switch (storage) {
+    case AdamwStorage::kFp32:
+      launch_typed(std::integral_constant<AdamwStorage, AdamwStorage::kFp32>{}, scalars);
+      break;
+    case AdamwStorage::kBf16:
+      launch_typed(std::integral_constant<AdamwStorage, AdamwStorage::kBf16>{}, scalars);
+      break;
+    case AdamwStorage::kFp32Master:
+      launch_typed(std::integral_constant<AdamwStorage, AdamwStorage::kFp32Master>{}, scalars);
+      break;
+  }
 }
 
 }  // namespace vlatune::kernels::adamw_detail

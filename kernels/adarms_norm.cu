@@ -148,18 +148,9 @@ __global__ void __launch_bounds__(kMaxThreads) adarms_norm_bwd_kernel(const AdaR
   }
   // partials[split][b][0..2][:]
   float* out = p.partials + ((static_cast<int64_t>(blockIdx.x) * p.batch + b) * 3) * p.width;
-#pragma unroll
-  for (int it = 0; it < ITERS; ++it) {
-    const int j = it * blockDim.x + threadIdx.x;
-    if (j >= nvec) continue;
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const int64_t c = static_cast<int64_t>(j) * V + k;
-      out[c] = acc_scale[it][k];
-      out[p.width + c] = acc_shift[it][k];
-      out[2 * p.width + c] = acc_gate[it][k];
-    }
-  }
+  store_column_partials(out, nvec, acc_scale);
+  store_column_partials(out + p.width, nvec, acc_shift);
+  store_column_partials(out + 2 * p.width, nvec, acc_gate);
 }
 
 }  // namespace

@@ -58,12 +58,28 @@ void check_outputs(const at::Tensor& x, Fp8Format format, const at::Tensor& amax
 }
 
 #ifdef VLATUNE_HAVE_CUDA
-void fill_outputs(Fp8QuantParams& p, const Fp8QuantOutputs& o) {
+// The amax history a cast's scale comes from, and its outputs.
+void fill_history_and_outputs(Fp8QuantParams& p, const at::Tensor& amax_in, int64_t amax_skip,
+                              const Fp8QuantOutputs& o) {
+  p.amax_in = amax_in.const_data_ptr<float>();
+  p.amax_count = static_cast<int>(amax_in.numel());
+  p.amax_skip = static_cast<int>(amax_skip);
   if (o.out.defined()) p.out = o.out.data_ptr(), p.out_ld = o.out.stride(0);
   if (o.out_t.defined()) p.out_t = o.out_t.data_ptr(), p.out_t_ld = o.out_t.stride(0);
   p.amax_out = o.amax_out.defined() ? o.amax_out.data_ptr<float>() : nullptr;
   p.inv_scale_out = o.inv_scale.defined() ? o.inv_scale.data_ptr<float>() : nullptr;
   p.amax_used_out = o.amax_used.defined() ? o.amax_used.data_ptr<float>() : nullptr;
+}
+
+// The input of a cast: the [rows, cols] values x holds (cols: the GeGLU width when x is the merged GEMM output).
+Fp8QuantParams input_params(const at::Tensor& x, Fp8Format format, int64_t cols) {
+  Fp8QuantParams p;
+  p.dtype = act_dtype(x);
+  p.format = format;
+  p.rows = x.size(0);
+  p.cols = cols;
+  p.x = x.const_data_ptr();
+  return p;
 }
 #endif
 
@@ -121,16 +137,8 @@ void fp8_quantize_into(const at::Tensor& x, Fp8Format format, const at::Tensor& 
   check_outputs(x, format, amax_in, o);
 #ifdef VLATUNE_HAVE_CUDA
   const c10::cuda::CUDAGuard guard(x.device());
-  Fp8QuantParams p;
-  p.dtype = act_dtype(x);
-  p.format = format;
-  p.rows = x.size(0);
-  p.cols = x.size(1);
-  p.x = x.const_data_ptr();
-  p.amax_in = amax_in.const_data_ptr<float>();
-  p.amax_count = static_cast<int>(amax_in.numel());
-  p.amax_skip = static_cast<int>(amax_skip);
-  fill_outputs(p, o);
+  Fp8QuantParams p = input_params(x, format, x.size(1));
+  fill_history_and_outputs(p, amax_in, amax_skip, o);
   launch_fp8_quantize(p, stream_of(x));
 #endif
 }
@@ -162,16 +170,8 @@ void fp8_geglu_quantize_into(const at::Tensor& merged, const at::Tensor& amax_in
   check_cast_outputs(merged.size(0), f, merged, Fp8Format::kE4m3, amax_in, o);
 #ifdef VLATUNE_HAVE_CUDA
   const c10::cuda::CUDAGuard guard(merged.device());
-  Fp8QuantParams p;
-  p.dtype = act_dtype(merged);
-  p.format = Fp8Format::kE4m3;
-  p.rows = merged.size(0);
-  p.cols = f;
-  p.x = merged.const_data_ptr();
-  p.amax_in = amax_in.const_data_ptr<float>();
-  p.amax_count = static_cast<int>(amax_in.numel());
-  p.amax_skip = static_cast<int>(amax_skip);
-  fill_outputs(p, o);
+  Fp8QuantParams p = input_params(merged, Fp8Format::kE4m3, f);
+  fill_history_and_outputs(p, amax_in, amax_skip, o);
   launch_fp8_geglu_quantize(p, stream_of(merged));
 #endif
 }
@@ -183,11 +183,7 @@ void fp8_geglu_amax_into(const at::Tensor& merged, const at::Tensor& amax) {
   if (!geglu_cast_kernel_applies(merged)) return fp8_amax_into(geglu(merged), amax);
 #ifdef VLATUNE_HAVE_CUDA
   const c10::cuda::CUDAGuard guard(merged.device());
-  Fp8QuantParams p;
-  p.dtype = act_dtype(merged);
-  p.rows = merged.size(0);
-  p.cols = merged.size(1) / 2;
-  p.x = merged.const_data_ptr();
+  Fp8QuantParams p = input_params(merged, Fp8Format::kE4m3, merged.size(1) / 2);
   p.amax_out = amax.data_ptr<float>();  // no outputs: the amax pass only
   launch_fp8_geglu_quantize(p, stream_of(merged));
 #endif
@@ -206,11 +202,7 @@ void check_grad(const at::Tensor& grad, const at::Tensor& merged, const char* op
 #ifdef VLATUNE_HAVE_CUDA
 Fp8GegluBwdParams geglu_bwd_params(const at::Tensor& grad, const at::Tensor& merged, Fp8Format format) {
   Fp8GegluBwdParams p;
-  p.grad_merged.dtype = act_dtype(merged);
-  p.grad_merged.format = format;
-  p.grad_merged.rows = merged.size(0);
-  p.grad_merged.cols = merged.size(1) / 2;
-  p.grad_merged.x = merged.const_data_ptr();
+  p.grad_merged = input_params(merged, format, merged.size(1) / 2);
   p.grad = grad.const_data_ptr();
   return p;
 }
@@ -248,10 +240,7 @@ void fp8_geglu_backward_quantize_into(const at::Tensor& grad, const at::Tensor& 
 #ifdef VLATUNE_HAVE_CUDA
   const c10::cuda::CUDAGuard guard(merged.device());
   Fp8GegluBwdParams p = geglu_bwd_params(grad, merged, format);
-  p.grad_merged.amax_in = amax_in.const_data_ptr<float>();
-  p.grad_merged.amax_count = static_cast<int>(amax_in.numel());
-  p.grad_merged.amax_skip = static_cast<int>(amax_skip);
-  fill_outputs(p.grad_merged, o.grad_merged);
+  fill_history_and_outputs(p.grad_merged, amax_in, amax_skip, o.grad_merged);
   if (o.act_t.defined()) p.act_t = o.act_t.data_ptr(), p.act_t_ld = o.act_t.stride(0);
   if (act_amax.defined()) p.act_amax_in = act_amax.const_data_ptr<float>();
   p.act_inv_scale_out = o.act_inv_scale.defined() ? o.act_inv_scale.data_ptr<float>() : nullptr;

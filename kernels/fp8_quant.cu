@@ -12,13 +12,14 @@
 #include "kernels/cuda_check.h"
 #include "kernels/fp8.h"
 #include "kernels/fused_device.cuh"
+#include "kernels/geglu_device.cuh"
 
 namespace vlatune::kernels {
 
 using fused_detail::from_float;
-using fused_detail::gelu_tanh;
-using fused_detail::gelu_tanh_pair;
-using fused_detail::GeluTanhPair;
+using fused_detail::geglu_grads;
+using fused_detail::geglu_value;
+using fused_detail::GegluGrads;
 using fused_detail::kVec;
 using fused_detail::load_pack;
 using fused_detail::NvtxRange;
@@ -61,6 +62,30 @@ __device__ __forceinline__ void atomic_max_nonneg(float* address, float value) {
 }
 
 using Tile = uint8_t[kTile][kTile + 16];  // an FP8 tile in shared memory, padded against bank conflicts
+
+// The first row and column of this block's kTile x kTile tile.
+__device__ __forceinline__ int64_t tile_row0() {
+  return static_cast<int64_t>(blockIdx.x) * kTile;
+}
+__device__ __forceinline__ int64_t tile_col0() {
+  return static_cast<int64_t>(blockIdx.y) * kTile;
+}
+
+// This thread's 16-byte vectors (V elements of T) of the block's tile inside a [rows, cols] matrix: body(r, c, gr,
+// gc) with the vector's first element at (r, c) in the tile and (gr, gc) in the matrix. rows and cols are multiples
+// of 16, so vectors are whole.
+template <int V, typename Body>
+__device__ __forceinline__ void for_each_tile_vector(int64_t rows, int64_t cols, Body body) {
+  constexpr int kVecPerRow = kTile / V;  // vectors per tile row
+  const int64_t row0 = tile_row0(), col0 = tile_col0();
+#pragma unroll
+  for (int i = threadIdx.x; i < kTile * kVecPerRow; i += kThreads) {
+    const int r = i / kVecPerRow, c = (i % kVecPerRow) * V;
+    const int64_t gr = row0 + r, gc = col0 + c;
+    if (gr >= rows || gc >= cols) continue;
+    body(r, c, gr, gc);
+  }
+}
 
 // This thread's share of a tile's transposed write: tile column c becomes output row `first_out_row + c`; each thread
 // writes 16 consecutive source rows (16 bytes). Call after the block's barrier, with `part` from tile_part().
@@ -119,8 +144,7 @@ __device__ __forceinline__ float scale_from(const float* amax_in, int count, int
 // stores it; otherwise x is [rows, cols].
 template <typename T, Fp8Format F, bool kGeglu>
 __global__ void __launch_bounds__(kThreads) fp8_quant_kernel(const Fp8QuantParams p) {
-  constexpr int V = kVec<T>;             // elements per 16-byte load: 8 bf16, 4 fp32
-  constexpr int kVecPerRow = kTile / V;  // vectors per tile row
+  constexpr int V = kVec<T>;  // elements per 16-byte load: 8 bf16, 4 fp32
   __shared__ float s_scale;
   __shared__ __align__(16) Tile tile;  // FP8 tile for the transposed write
   if (threadIdx.x == 0) {
@@ -135,19 +159,14 @@ __global__ void __launch_bounds__(kThreads) fp8_quant_kernel(const Fp8QuantParam
   const T* x = static_cast<const T*>(p.x);
   uint8_t* out = static_cast<uint8_t*>(p.out);
   uint8_t* out_t = static_cast<uint8_t*>(p.out_t);
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kTile, col0 = static_cast<int64_t>(blockIdx.y) * kTile;
   float m = 0.f;
-#pragma unroll
-  for (int i = threadIdx.x; i < kTile * kVecPerRow; i += kThreads) {
-    const int r = i / kVecPerRow, c = (i % kVecPerRow) * V;
-    const int64_t gr = row0 + r, gc = col0 + c;
-    if (gr >= p.rows || gc >= p.cols) continue;  // rows and cols are multiples of 16: vectors are whole
+  for_each_tile_vector<V>(p.rows, p.cols, [&](int r, int c, int64_t gr, int64_t gc) {
     Pack<T, V> v;
     if constexpr (kGeglu) {
       const T* row = x + gr * 2 * p.cols;
       const Pack<T, V> g = load_pack(row + gc, 0), u = load_pack(row + p.cols + gc, 0);
 #pragma unroll
-      for (int k = 0; k < V; ++k) v.v[k] = from_float<T>(round_to<T>(gelu_tanh(to_float(g.v[k]))) * to_float(u.v[k]));
+      for (int k = 0; k < V; ++k) v.v[k] = from_float<T>(geglu_value<T>(to_float(g.v[k]), to_float(u.v[k])));
     } else {
       v = load_pack(x + gr * p.cols + gc, 0);
     }
@@ -160,11 +179,11 @@ __global__ void __launch_bounds__(kThreads) fp8_quant_kernel(const Fp8QuantParam
     }
     if (out != nullptr) *reinterpret_cast<Pack<uint8_t, V>*>(out + gr * p.out_ld + gc) = q;
     if (out_t != nullptr) *reinterpret_cast<Pack<uint8_t, V>*>(&tile[r][c]) = q;
-  }
+  });
   if (out_t != nullptr) {
     __syncthreads();
     const TilePart part = tile_part();
-    const int64_t gr = row0 + part.r;
+    const int64_t gr = tile_row0() + part.r, col0 = tile_col0();
     if (gr < p.rows && col0 + part.c < p.cols) write_transposed(tile, part, out_t + col0 * p.out_t_ld, p.out_t_ld, gr);
   }
   record_amax(m, p.amax_out);
@@ -176,7 +195,6 @@ template <typename T, Fp8Format F>
 __global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluBwdParams bp) {
   const Fp8QuantParams& p = bp.grad_merged;
   constexpr int V = kVec<T>;
-  constexpr int kVecPerRow = kTile / V;
   __shared__ float s_scale, s_act_scale;
   __shared__ __align__(16) Tile tile_g;
   __shared__ __align__(16) Tile tile_u;
@@ -199,26 +217,17 @@ __global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluB
   uint8_t* out_t = static_cast<uint8_t*>(p.out_t);
   uint8_t* act_t = static_cast<uint8_t*>(bp.act_t);
   const int64_t f = p.cols;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kTile, col0 = static_cast<int64_t>(blockIdx.y) * kTile;
   float m = 0.f;
-#pragma unroll
-  for (int i = threadIdx.x; i < kTile * kVecPerRow; i += kThreads) {
-    const int r = i / kVecPerRow, c = (i % kVecPerRow) * V;
-    const int64_t gr = row0 + r, gc = col0 + c;
-    if (gr >= p.rows || gc >= f) continue;
+  for_each_tile_vector<V>(p.rows, f, [&](int r, int c, int64_t gr, int64_t gc) {
     const T* row = merged + gr * 2 * f;
     const Pack<T, V> g = load_pack(row + gc, 0), u = load_pack(row + f + gc, 0);
     const Pack<T, V> dy = load_pack(grad + gr * f + gc, 0);
     Pack<uint8_t, V> qg, qu, qa;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      // The geglu backward kernel's values (geglu.h), rounded to T where it stores them.
-      const float x = to_float(g.v[k]), up = to_float(u.v[k]), d = to_float(dy.v[k]);
-      const GeluTanhPair pair = gelu_tanh_pair(x);
-      const float gelu = round_to<T>(pair.value);
-      const float dg = round_to<T>(round_to<T>(d * up) * pair.slope);
-      const float du = round_to<T>(d * gelu);
-      const float act = round_to<T>(gelu * up);
+      // The geglu backward kernel's values, rounded to T where it stores them.
+      const GegluGrads e = geglu_grads<T>(to_float(g.v[k]), to_float(u.v[k]), to_float(dy.v[k]));
+      const float dg = round_to<T>(e.d_gate), du = round_to<T>(e.d_up), act = round_to<T>(e.act);
       m = fmaxf(m, fmaxf(fabsf(dg), fabsf(du)));
       qg.v[k] = cast_fp8<F>(__fmul_rn(dg, scale));
       qu.v[k] = cast_fp8<F>(__fmul_rn(du, scale));
@@ -233,11 +242,11 @@ __global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluB
       *reinterpret_cast<Pack<uint8_t, V>*>(&tile_u[r][c]) = qu;
     }
     if (act_t != nullptr) *reinterpret_cast<Pack<uint8_t, V>*>(&tile_a[r][c]) = qa;
-  }
+  });
   if (out_t != nullptr || act_t != nullptr) {
     __syncthreads();
     const TilePart part = tile_part();
-    const int64_t gr = row0 + part.r;
+    const int64_t gr = tile_row0() + part.r, col0 = tile_col0();
     if (gr < p.rows && col0 + part.c < f) {
       if (out_t != nullptr) {
         write_transposed(tile_g, part, out_t + col0 * p.out_t_ld, p.out_t_ld, gr);

@@ -11,6 +11,7 @@
 #include "kernels/cuda_check.h"
 #include "kernels/fused_device.cuh"
 #include "kernels/geglu.h"
+#include "kernels/geglu_device.cuh"
 
 namespace vlatune::kernels {
 
@@ -54,59 +55,57 @@ GegluTiles geglu_tiles(const GegluParams& p, bool forward) {
   return t;
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) geglu_fwd_kernel(const GegluParams p) {
+// The grid-stride walk of the forward and backward kernels over the 16-byte vectors of the [rows, features] output:
+// body(r, c, gate, up) for row r, column c, with the gate and up vectors of that element already loaded.
+template <typename T, typename Body>
+__device__ __forceinline__ void for_each_gate_up(const GegluParams& p, Body body) {
   constexpr int V = kVec<T>;
   const int64_t vec_per_row = p.features / V;
   const int64_t total = p.rows * vec_per_row;
   const T* merged = static_cast<const T*>(p.merged);
-  T* out = static_cast<T*>(p.out);
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = idx / vec_per_row, c = (idx % vec_per_row) * V;
     const T* row = merged + r * 2 * p.features;
     const Pack<T, V> g = load_pack(row + c, 0);
     const Pack<T, V> u = load_pack(row + p.features + c, 0);
+    body(r, c, g, u);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) geglu_fwd_kernel(const GegluParams p) {
+  constexpr int V = kVec<T>;
+  T* out = static_cast<T*>(p.out);
+  for_each_gate_up<T>(p, [&](int64_t r, int64_t c, const Pack<T, V>& g, const Pack<T, V>& u) {
     Pack<T, V> o;
 #pragma unroll
-    for (int k = 0; k < V; ++k) o.v[k] = from_float<T>(round_to<T>(gelu_tanh(to_float(g.v[k]))) * to_float(u.v[k]));
+    for (int k = 0; k < V; ++k) o.v[k] = from_float<T>(geglu_value<T>(to_float(g.v[k]), to_float(u.v[k])));
     store_pack(out + r * p.features + c, 0, o);
-  }
+  });
 }
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) geglu_bwd_kernel(const GegluParams p) {
   constexpr int V = kVec<T>;
-  const int64_t vec_per_row = p.features / V;
-  const int64_t total = p.rows * vec_per_row;
-  const T* merged = static_cast<const T*>(p.merged);
   const T* grad = static_cast<const T*>(p.grad_out);
   T* out = static_cast<T*>(p.out);
-  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = idx / vec_per_row, c = (idx % vec_per_row) * V;
-    const T* row = merged + r * 2 * p.features;
-    const Pack<T, V> g = load_pack(row + c, 0);
-    const Pack<T, V> u = load_pack(row + p.features + c, 0);
+  for_each_gate_up<T>(p, [&](int64_t r, int64_t c, const Pack<T, V>& g, const Pack<T, V>& u) {
     const Pack<T, V> dy = load_pack(grad + r * p.features + c, 0);
     Pack<T, V> dg, du, act;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      const float x = to_float(g.v[k]), up = to_float(u.v[k]), d = to_float(dy.v[k]);
-      // Autograd of gelu(gate) * up: d_gelu = round(d * up), d_gate = gelu_backward(d_gelu, gate),
-      // d_up = round(d * round(gelu(gate))).
-      const GeluTanhPair pair = gelu_tanh_pair(x);
-      const float gelu = round_to<T>(pair.value);
-      dg.v[k] = from_float<T>(round_to<T>(d * up) * pair.slope);
-      du.v[k] = from_float<T>(d * gelu);
-      act.v[k] = from_float<T>(gelu * up);  // the forward's output, rounded as there
+      const GegluGrads e = geglu_grads<T>(to_float(g.v[k]), to_float(u.v[k]), to_float(dy.v[k]));
+      dg.v[k] = from_float<T>(e.d_gate);
+      du.v[k] = from_float<T>(e.d_up);
+      act.v[k] = from_float<T>(e.act);  // the forward's output, rounded as there
     }
     T* orow = out + r * 2 * p.features;
     store_pack(orow + c, 0, dg);
     store_pack(orow + p.features + c, 0, du);
     // After the loads of this element's gradient: act_out may be grad_out itself.
     if (p.act_out != nullptr) store_pack(static_cast<T*>(p.act_out) + r * p.features + c, 0, act);
-  }
+  });
 }
 
 template <typename T>
@@ -134,8 +133,7 @@ __global__ void __launch_bounds__(kThreads) geglu_fwd_pow2_kernel(const GegluPar
       if (base + j * kThreads >= split.total) break;
       Pack<T, V> o;
 #pragma unroll
-      for (int k = 0; k < V; ++k)
-        o.v[k] = from_float<T>(round_to<T>(gelu_tanh(to_float(g[j].v[k]))) * to_float(u[j].v[k]));
+      for (int k = 0; k < V; ++k) o.v[k] = from_float<T>(geglu_value<T>(to_float(g[j].v[k]), to_float(u[j].v[k])));
       store_pack(out + out_off[j], 0, o);
     }
   }

@@ -203,16 +203,8 @@ __global__ void __launch_bounds__(kMaxThreads) layer_norm_bwd_kernel(const Layer
     }
   }
   float* partial = p.weight_partials + static_cast<int64_t>(blockIdx.x) * 2 * p.width;
-#pragma unroll
-  for (int it = 0; it < ITERS; ++it) {
-    const int j = it * blockDim.x + threadIdx.x;
-    if (j >= nvec) continue;
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      partial[static_cast<int64_t>(j) * V + k] = acc_w[it][k];
-      partial[p.width + static_cast<int64_t>(j) * V + k] = acc_b[it][k];
-    }
-  }
+  store_column_partials(partial, nvec, acc_w);
+  store_column_partials(partial + p.width, nvec, acc_b);
 }
 
 // One warp per row, kWarpRows rows per block in flight, no barrier per row (tiles: above). Each lane keeps its

@@ -97,6 +97,19 @@ __device__ __forceinline__ void load_grad_h(const void* grad_h, int64_t base, in
 
 // ---- Launchers ----
 
+// The block kernels' end: a thread's per-column accumulators (acc[it][k] belongs to column (it * blockDim.x +
+// threadIdx.x) * V + k) written into `row`, one fp32 row of the block's parameter-gradient partials.
+template <int ITERS, int V>
+__device__ __forceinline__ void store_column_partials(float* row, int nvec, const float (&acc)[ITERS][V]) {
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int j = it * blockDim.x + threadIdx.x;
+    if (j >= nvec) continue;
+#pragma unroll
+    for (int k = 0; k < V; ++k) row[static_cast<int64_t>(j) * V + k] = acc[it][k];
+  }
+}
+
 template <typename T, typename Params, typename Launch>
 void dispatch_iters(const Params& p, Launch&& launch) {
   const RowShape s = row_shape<T>(p.width);

@@ -118,14 +118,7 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_bwd_kernel(const RmsNorm
       store_pack(static_cast<T*>(p.grad_x) + base, j, out);
     }
   }
-  float* partial = p.weight_partials + static_cast<int64_t>(blockIdx.x) * p.width;
-#pragma unroll
-  for (int it = 0; it < ITERS; ++it) {
-    const int j = it * blockDim.x + threadIdx.x;
-    if (j >= nvec) continue;
-#pragma unroll
-    for (int k = 0; k < V; ++k) partial[static_cast<int64_t>(j) * V + k] = wacc[it][k];
-  }
+  store_column_partials(p.weight_partials + static_cast<int64_t>(blockIdx.x) * p.width, nvec, wacc);
 }
 
 }  // namespace

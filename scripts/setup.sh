@@ -63,8 +63,8 @@ if [ "$have_pyarrow" != "$pyarrow_version" ]; then
     echo "setup: WARNING: pyarrow not installed; LeRobot import will be left out" >&2
 fi
 # The readers our output is checked against, in a venv of their own: Holistic Trace Analysis opens trace.json.gz
-# and TensorBoard's own event reader reads the event files `train` writes (tests/core/test_trace_readers.cpp).
-# Recorded in .vlatune/trace-readers-python.
+# and TensorBoard's own event reader reads the event files `train` writes (tests/core/trace_readers.h, used by
+# test_formats_tensorboard.cpp and test_profiler_trace_export.cpp). Recorded in .vlatune/trace-readers-python.
 hta_version="${VLATUNE_HTA_VERSION:-0.5.0}"
 tensorboard_version="${VLATUNE_TENSORBOARD_VERSION:-2.21.0}"
 readers_venv="${VLATUNE_TRACE_READERS_VENV:-$HOME/.cache/vlatune/venv-trace-readers}"
@@ -78,7 +78,7 @@ if [ "$have_readers" != "$hta_version $tensorboard_version" ]; then
   "$readers_venv/bin/pip" install -q "HolisticTraceAnalysis==$hta_version" "tensorboard==$tensorboard_version"
 fi
 # openpi-client (pure Python; pins numpy<2) in a venv of its own, for the test that drives `vlatune serve` with
-# openpi's real client (tests/torch/test_serve.cpp). Recorded in .vlatune/openpi-client-python.
+# openpi's real client (tests/torch/test_serve_policy_server.cpp). Recorded in .vlatune/openpi-client-python.
 client_version="${VLATUNE_OPENPI_CLIENT_VERSION:-0.1.2}"
 client_venv="${VLATUNE_OPENPI_CLIENT_VENV:-$HOME/.cache/vlatune/venv-openpi-client}"
 have_client="$("$client_venv/bin/python" -c 'import importlib.metadata as m

@@ -87,32 +87,34 @@ QuantileStats compute_norm_stats(const std::vector<float>& values, int64_t dim, 
   return stats;
 }
 
-void normalize_quantile(float* values, int64_t rows, int64_t dim, const QuantileStats& stats) {
+namespace {
+
+// f(value, q01, q99) on the first q01.size() dims of every row (the rest, padding, pass through), after checking
+// that the statistics fit rows of `dim`; `what` names the caller in the error.
+template <typename F>
+void map_quantile_dims(const char* what, float* values, int64_t rows, int64_t dim, const QuantileStats& stats, F f) {
   const auto n = static_cast<int64_t>(stats.q01.size());
   if (stats.q99.size() != stats.q01.size() || n > dim)
-    throw std::invalid_argument("normalize_quantile: statistics for " + std::to_string(n) + " dims (q99: " +
+    throw std::invalid_argument(std::string(what) + ": statistics for " + std::to_string(n) + " dims (q99: " +
                                 std::to_string(stats.q99.size()) + ") do not fit rows of " + std::to_string(dim));
   for (int64_t r = 0; r < rows; ++r) {
     float* row = values + r * dim;
-    for (int64_t d = 0; d < n; ++d) {
-      const double lo = stats.q01[d], hi = stats.q99[d];
-      row[d] = static_cast<float>((row[d] - lo) / (hi - lo + 1e-6) * 2.0 - 1.0);
-    }
+    for (int64_t d = 0; d < n; ++d) row[d] = f(row[d], stats.q01[d], stats.q99[d]);
   }
 }
 
+}  // namespace
+
+void normalize_quantile(float* values, int64_t rows, int64_t dim, const QuantileStats& stats) {
+  map_quantile_dims("normalize_quantile", values, rows, dim, stats, [](float x, double lo, double hi) {
+    return static_cast<float>((x - lo) / (hi - lo + 1e-6) * 2.0 - 1.0);
+  });
+}
+
 void unnormalize_quantile(float* values, int64_t rows, int64_t dim, const QuantileStats& stats) {
-  const auto n = static_cast<int64_t>(stats.q01.size());
-  if (stats.q99.size() != stats.q01.size() || n > dim)
-    throw std::invalid_argument("unnormalize_quantile: statistics for " + std::to_string(n) + " dims (q99: " +
-                                std::to_string(stats.q99.size()) + ") do not fit rows of " + std::to_string(dim));
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = values + r * dim;
-    for (int64_t d = 0; d < n; ++d) {
-      const double lo = stats.q01[d], hi = stats.q99[d];
-      row[d] = static_cast<float>((row[d] + 1.0) / 2.0 * (hi - lo + 1e-6) + lo);
-    }
-  }
+  map_quantile_dims("unnormalize_quantile", values, rows, dim, stats, [](float x, double lo, double hi) {
+    return static_cast<float>((x + 1.0) / 2.0 * (hi - lo + 1e-6) + lo);
+  });
 }
 
 nlohmann::json quantile_stats_to_json(const QuantileStats& stats) {

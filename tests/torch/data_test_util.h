@@ -1,5 +1,6 @@
-// Helpers shared by the test_data_*.cpp cases: a temporary directory tree removed afterwards, byte-level file
-// edits for the corruption cases, and a tiny SentencePiece model. POSIX calls only (see trainer/file_util.h for why not
+// Helpers shared by the dataset cases (test_trainer_dataset.cpp, _loader, _libero_import, _lerobot_import and the
+// cases that train on a written dataset): a temporary directory tree removed afterwards, byte-level file edits for
+// the corruption cases, and a tiny SentencePiece model. POSIX calls only (see trainer/file_util.h for why not
 // std::filesystem).
 #pragma once
 

@@ -1,4 +1,6 @@
-"""Drives `vlatune serve` with openpi's own client (openpi-client's WebsocketClientPolicy), for test_serve.cpp.
+"""Drives `vlatune serve` with openpi's own client (openpi-client's WebsocketClientPolicy).
+
+Run by tests/torch/test_serve_policy_server.cpp.
 
 Usage: openpi_client_check.py PORT OBS_DIR
 OBS_DIR holds what the C++ test wrote: image0.u8 and image1.u8 (HWC bytes), state.f64, noise.f32 and obs.json

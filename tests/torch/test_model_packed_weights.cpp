@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include "temp_dir.h"
+#include "tiny_train_options.h"
 
 #include <unistd.h>
 
@@ -334,12 +335,8 @@ TEST_CASE("Packed weights stay packed through AdamW and EMA and a checkpoint sav
 }
 
 TEST_CASE("build_training_parts packs the merged weights", "[pack][train]") {
-  vlatune::trainer::TrainOptions o;
-  o.config = "tiny";
-  o.data = "synthetic";
-  o.device = "cpu";
-  o.batch = 2;
-  o.workers = 1;
+  // Only the parts are built: no run directory is written.
+  const auto o = vlatune::test::tiny_train_options(/*out=*/"", /*steps=*/1);
   std::ostringstream log;
   vlatune::trainer::TrainingParts parts =
       vlatune::trainer::build_training_parts(o, vlatune::formats::Recipe{}, "test", /*load_init_weights=*/true, log);

@@ -15,6 +15,7 @@
 #include "formats/metrics_jsonl.h"
 #include "formats/tensorboard_events.h"
 #include "tests/torch/cli_test_util.h"
+#include "tiny_train_options.h"
 #include "trainer/tensorboard_log.h"
 #include "trainer/train_loop.h"
 
@@ -40,27 +41,12 @@ std::vector<vlatune::formats::ScalarEvent> tagged(const vlatune::formats::EventF
   return out;
 }
 
-vlatune::trainer::TrainOptions tiny(const std::string& out, int64_t steps) {
-  vlatune::trainer::TrainOptions o;
-  o.config = "tiny";
-  o.data = "synthetic";
-  o.device = "cpu";
-  o.out = out;
-  o.steps = steps;
-  o.batch = 2;
-  o.warmup_steps = 2;
-  o.checkpoint_every = 2;
-  o.workers = 1;
-  o.progress_bar = false;
-  return o;
-}
-
 }  // namespace
 
 TEST_CASE("A run's event file holds its metrics rows, and a resumed run marks its restart", "[train][tensorboard]") {
   const std::string dir = vlatune::test::temp_dir("train-tb") + "/run";
   std::ostringstream log;
-  vlatune::trainer::run_training(tiny(dir, 2), log);
+  vlatune::trainer::run_training(vlatune::test::tiny_train_options(dir, 2), log);
   vlatune::trainer::TrainOptions again;
   again.resume = dir;
   again.steps = 4;

@@ -83,7 +83,7 @@ TEST_CASE("Bad flags and values are rejected with exit code 4 and a message nami
 }
 
 TEST_CASE("launch checks its command before starting any process, with a one-line message", "[cli]") {
-  // (Launching itself is covered by tests/torch/test_distributed.cpp, through the built binary.)
+  // (Launching itself is covered by tests/torch/test_trainer_distributed.cpp, through the built binary.)
   auto r = run_cli({"launch", "--nproc", "2", "--", "launch", "--nproc", "2", "--", "train"});
   CHECK(r.code == vlatune::cli::kExitBadInput);
   CHECK(r.err.find("cannot be launch itself") != std::string::npos);

@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 
 #include "temp_dir.h"
+#include "tiny_train_options.h"
 
 #include <unistd.h>
 
@@ -75,21 +76,12 @@ std::unique_ptr<at::ObserverContext> on_op(const at::RecordFunction& fn) {
   return nullptr;
 }
 
+// The baseline's run: only the final checkpoint (so the 2- and 3-step runs differ by exactly one step) and every
+// step timed.
 vlatune::trainer::TrainOptions tiny(const std::string& out, int64_t steps) {
-  vlatune::trainer::TrainOptions o;
-  o.config = "tiny";
-  o.data = "synthetic";
-  o.device = "cpu";
-  o.out = out;
-  o.steps = steps;
-  o.batch = 2;
-  o.lr = 1e-3;
-  o.warmup_steps = 2;
+  auto o = vlatune::test::tiny_train_options(out, steps);
   o.checkpoint_every = 0;
   o.timing_warmup = 0;
-  o.workers = 1;
-  o.progress_bar = false;
-  o.seed = 5;
   return o;
 }
 
@@ -118,7 +110,7 @@ nlohmann::json to_json(const Counts& step) {
           {"what",
            "ATen ops dispatched on the training thread in one steady-state optimizer step of `vlatune train "
            "--config tiny --data synthetic --device cpu --batch 2 --seed 5` (step 3 of 3), with GEMM FLOPs and "
-           "bytes; written by tests/torch/test_op_counts.cpp"},
+           "bytes; written by tests/torch/test_trainer_op_counts.cpp"},
           {"ops_per_step", step.ops},
           {"gemm_flops_per_step", step.gemm_flops},
           {"gemm_bytes_per_step", step.gemm_bytes},

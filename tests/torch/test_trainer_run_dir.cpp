@@ -21,6 +21,7 @@
 #include "formats/recipe.h"
 #include "formats/run_record.h"
 #include "formats/train_config.h"
+#include "tiny_train_options.h"
 #include "trainer/checkpoint.h"
 #include "trainer/file_util.h"
 #include "trainer/run_dir.h"
@@ -33,23 +34,11 @@ using vlatune::test::TempTree;
 using vlatune::trainer::run_training;
 using vlatune::trainer::TrainOptions;
 
+// A checkpoint after every step, all kept: the cases resume from, damage or prune any step's.
 TrainOptions tiny_run(const std::string& out, int64_t steps) {
-  TrainOptions o;
-  o.config = "tiny";
-  o.data = "synthetic";
-  o.device = "cpu";
-  o.out = out;
-  o.steps = steps;
-  o.batch = 2;
-  o.lr = 1e-3;
-  o.warmup_steps = 2;
-  o.decay_steps = 100;
+  TrainOptions o = vlatune::test::tiny_train_options(out, steps);
   o.checkpoint_every = 1;
   o.keep_last = 10;
-  o.timing_warmup = 0;
-  o.workers = 1;
-  o.progress_bar = false;
-  o.seed = 5;
   return o;
 }
 

@@ -20,6 +20,7 @@
 #include "formats/run_record.h"
 #include "model/safetensors_io.h"
 #include "temp_dir.h"
+#include "tiny_train_options.h"
 #include "trainer/checkpoint.h"
 #include "trainer/train_loop.h"
 
@@ -31,24 +32,12 @@ std::string fresh_dir(const std::string& tag) {
   return vlatune::test::make_temp_dir("train") + "/" + tag;
 }
 
+// A decaying schedule and an EMA, so resume must restore both.
 TrainOptions tiny_options(const std::string& out, int64_t steps) {
-  TrainOptions o;
-  o.config = "tiny";
-  o.data = "synthetic";
-  o.device = "cpu";
-  o.out = out;
-  o.steps = steps;
-  o.batch = 2;
-  o.lr = 1e-3;
-  o.warmup_steps = 2;
+  TrainOptions o = vlatune::test::tiny_train_options(out, steps);
   o.decay_steps = 100;
   o.decay_lr = 1e-4;
   o.ema_decay = 0.9;
-  o.checkpoint_every = 2;
-  o.timing_warmup = 1;
-  o.workers = 1;
-  o.progress_bar = false;
-  o.seed = 5;
   return o;
 }
 

@@ -24,6 +24,7 @@
 #include "model/pi05.h"
 #include "model/safetensors_io.h"
 #include "reports/stats.h"
+#include "tiny_train_options.h"
 #include "trainer/optimizer.h"
 #include "trainer/train_loop.h"
 
@@ -329,21 +330,8 @@ TEST_CASE("A tiny run with 8-bit AdamW state resumes bit-identical to a straight
   const std::string dir = templ, recipe = dir + "/recipe.json";
   std::ofstream(recipe) << R"({"schema": "vlatune.recipe/1", "optimizer": {"state_dtype": "int8-blockwise"}})";
   auto options = [&](const std::string& out, int64_t steps) {
-    vlatune::trainer::TrainOptions o;
-    o.config = "tiny";
-    o.data = "synthetic";
-    o.device = "cpu";
-    o.out = out;
+    auto o = vlatune::test::tiny_train_options(out, steps);
     o.recipe_path = recipe;
-    o.steps = steps;
-    o.batch = 2;
-    o.lr = 1e-3;
-    o.warmup_steps = 2;
-    o.checkpoint_every = 2;
-    o.timing_warmup = 1;
-    o.workers = 1;
-    o.progress_bar = false;
-    o.seed = 5;
     return o;
   };
   std::ostringstream log;
