@@ -3,9 +3,10 @@
 // size), optimizer state and parameters; it only chooses how (micro-batch, recompute, FP8 when asked, groups).
 // A plan that uses an allowed change says so first in its rationale.
 //
-// Adding a choice: an enumerator, its row in allowed_change_table() (name and help), and what it lets the planner
-// try in planner.cpp's training_variants() (a variant of the plan's options, planned like the stated one and
-// taken when the stated one does not fit or predicts fewer samples/s).
+// Adding a choice: an enumerator, its row in allowed_change_table() (name and help), what it lets the planner try
+// in plan_variants.cpp's training_variants() (a variant of the plan's options, planned like the stated one and
+// taken when the stated one does not fit or predicts fewer samples/s), how changes_made() tells it was used, and
+// its rationale entry in allowed_change_rationale().
 #pragma once
 
 #include <set>
