@@ -5,12 +5,17 @@
 
 #include <memory>
 #include <optional>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "cli/cli.h"
 #include "cli/validators.h"
 #include "formats/json_error.h"
 #include "formats/profile.h"
 #include "formats/recipe.h"
+#include "tuner/allowed_changes.h"
+#include "tuner/gpus.h"
 #include "tuner/grid.h"
 #include "tuner/planner.h"
 
@@ -27,16 +32,22 @@ std::optional<double> host_memory_gib() {
 
 struct PlanCliOptions {
   tuner::PlanOptions plan;
-  std::string profile, out, batch = "auto", fp8 = "off", optimizer_state, grid_dir, compare_grid;
+  std::string profile, out, batch = "auto", fp8 = "off", optimizer_state, grid_dir, compare_grid, gpu;
+  std::vector<std::string> allow;
   double memory_budget_gib = 0, allreduce_gbps = 0;
+  int64_t global_batch = 0;
   int grid = 0;
-  bool explain = false;
+  bool explain = false, list_gpus = false;
 };
 
 int run_plan(PlanCliOptions& o, CLI::App& cmd, Context& ctx) {
   try {
     if (!o.compare_grid.empty()) {
       ctx.out << tuner::compare_grid(o.compare_grid).text;
+      return kExitOk;
+    }
+    if (o.list_gpus) {
+      ctx.out << tuner::format_gpu_table();
       return kExitOk;
     }
     if (o.profile.empty()) throw BadInput("plan: --profile is required");
@@ -48,6 +59,12 @@ int run_plan(PlanCliOptions& o, CLI::App& cmd, Context& ctx) {
     tuner::PlanOptions p = o.plan;
     if (cmd.count("--memory-budget")) p.memory_budget_gib = o.memory_budget_gib;
     if (cmd.count("--allreduce-gbps")) p.allreduce_gbps = o.allreduce_gbps;
+    if (cmd.count("--global-batch")) p.global_batch = o.global_batch;
+    if (cmd.count("--gpu")) p.gpu = o.gpu;
+    for (const std::string& list : o.allow) {
+      const std::set<tuner::AllowedChange> changes = tuner::parse_allowed_changes(list);
+      p.allow.insert(changes.begin(), changes.end());
+    }
     if (o.batch != "auto") {
       try {
         size_t used = 0;
@@ -72,7 +89,13 @@ int run_plan(PlanCliOptions& o, CLI::App& cmd, Context& ctx) {
     if (o.explain) ctx.out << tuner::format_explain(result);
     if (!o.out.empty())
       ctx.out << "recipe: " << o.out << " (predicted " << result.predicted.step_ms << " ms, "
-              << result.predicted.peak_gib << " GiB, " << result.predicted.samples_per_s << " samples/s)\n";
+              << result.predicted.peak_gib << " GiB, " << result.predicted.samples_per_s << " samples/s"
+              << (result.timed_on ? " on " + *result.timed_on : "") << ")\n";
+    // The plan changes the training only as --allow permits; say so where it cannot be missed.
+    for (size_t i = 0; i < result.used.size(); ++i) {
+      const formats::Rationale& why = result.recipe.rationale.at(i);
+      ctx.err << "plan: " << why.decision << " (" << why.reason.substr(0, why.reason.find(';')) << ")\n";
+    }
     if (o.grid > 0) {
       const std::vector<std::string> paths = tuner::write_grid(result, o.grid_dir);
       for (size_t i = 0; i < paths.size(); ++i)
@@ -103,7 +126,23 @@ void setup_plan(CLI::App& app, Context& ctx) {
                   "GiB (default: profiled GPU memory - 5%; a CPU profile: this machine's memory - 5%)")
       ->default_str("")
       ->check(finite_positive());
-  cmd->add_option("--batch", o->batch, "Micro-batch: a number, or 'auto' (chosen with the recompute set)");
+  cmd->add_option("--batch", o->batch,
+                  "Micro-batch: a number dividing the global batch per GPU, or 'auto' (chosen with the recompute set)");
+  cmd->add_option("--global-batch", o->global_batch,
+                  "Samples per optimizer step over all GPUs, kept by the plan (micro-batch x grad_accum x world size)")
+      ->default_str("the profiled recipe's")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  std::string allow_help = "What the plan may change about the training (comma-separated; default: nothing):";
+  for (const tuner::AllowedChangeInfo& info : tuner::allowed_change_table())
+    allow_help += " " + info.name + ": " + info.help + ";";
+  allow_help.back() = '.';
+  cmd->add_option("--allow", o->allow, allow_help)->default_str("");
+  std::string gpu_help = "Plan for this GPU's memory and features from a profile made on another (";
+  for (const tuner::GpuSpec& g : tuner::known_gpus())
+    gpu_help += (&g == &tuner::known_gpus().front() ? "" : ", ") + g.name;
+  gpu_help += "; --list-gpus: their memory and compute capability)";
+  cmd->add_option("--gpu", o->gpu, gpu_help)->default_str("the profiled GPU");
+  cmd->add_flag("--list-gpus", o->list_gpus, "Print the GPUs --gpu knows and exit");
   cmd->add_option("--fp8", o->fp8,
                   "FP8 Linears: off (plans stay bf16 unless asked) or auto (measured winners, delayed scaling)")
       ->check(CLI::IsMember({"off", "auto"}));

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <regex>
 #include <set>
 
 #include "formats/json_cursor.h"
@@ -32,10 +33,24 @@ std::vector<std::string> parse_string_list(const JsonCursor& c, bool nonempty) {
   return out;
 }
 
+// "major.minor", e.g. "8.9".
+ComputeCapability parse_compute_capability(const JsonCursor& c) {
+  const std::string text = c.get_string();
+  static const std::regex form(R"(([1-9][0-9]?)\.([0-9]))");
+  std::smatch m;
+  if (!std::regex_match(text, m, form))
+    c.fail("expected a compute capability \"major.minor\" such as \"8.9\", got \"" + text + "\"");
+  return {std::stoi(m[1].str()), std::stoi(m[2].str())};
+}
+
 ProfileSettings parse_settings(const JsonCursor& c) {
-  c.expect_object({"device", "tracer", "data", "steps", "warmup", "gpu_memory_gib", "degraded"});
+  c.expect_object(
+      {"device", "tracer", "data", "steps", "warmup", "gpu_memory_gib", "compute_capability", "workload", "degraded"});
   ProfileSettings s;
   s.device = c.at("device").get_enum({"cuda", "cpu"});
+  if (const auto w = c.find("workload")) s.workload = w->get_enum({"train", "inference"});
+  if (const auto cc = c.find("compute_capability"); cc && !cc->value().is_null())
+    s.compute_capability = parse_compute_capability(*cc);
   s.tracer = c.at("tracer").get_enum({"cupti", "cpu", "none"});
   s.data = c.at("data").get_nonempty_string();
   s.steps = c.at("steps").get_int(0);
@@ -425,6 +440,9 @@ nlohmann::json profile_to_json(const Profile& p) {
             {"steps", s.steps},
             {"warmup", s.warmup},
             {"gpu_memory_gib", optional_to_json(s.gpu_memory_gib)},
+            {"compute_capability",
+             s.compute_capability ? nlohmann::json(s.compute_capability->to_string()) : nlohmann::json(nullptr)},
+            {"workload", s.workload},
             {"degraded", s.degraded}}},
           {"recipe", recipe_to_json(p.recipe)},
           {"recomputable", p.recomputable},

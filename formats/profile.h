@@ -3,11 +3,15 @@
 //   {"schema": "vlatune.profile/1",
 //    "environment": {... as run.json ...},
 //    "settings": {"device": "cuda", "tracer": "cupti", "data": "synthetic", "steps": 6, "warmup": 3,
-//                 "gpu_memory_gib": 139.8, "degraded": []},
+//                 "gpu_memory_gib": 139.8, "compute_capability": "9.0", "workload": "train", "degraded": []},
 //    "recipe": {... the effective recipe profiled, canonical form (formats/recipe.h) ...},
 //    "recomputable": ["...vision_tower", "...encoder.layers.0", ...],
 //    "batches": [ {batch profile at the requested batch}, {at a smaller batch} ],
 //    "gemms": [ ... ], "overhead": {...} | null, "communication": {...} | null}
+//
+// settings.workload: "train" (optimizer steps, what `vlatune plan` reads) or "inference" (`vlatune profile
+// --inference`: one sampled action chunk per step). settings.compute_capability: the GPU's "major.minor" (null on
+// CPU). Both optional on read (absent in profiles written before them: workload "train", capability unknown).
 //
 // Units: times in ms per optimizer step (GPU kernel time when device is "cuda", host time of ATen ops inside
 // scopes when "cpu"), sizes in bytes (integers) or GiB (2^30 bytes, floating). Per-step figures are means over
@@ -75,14 +79,24 @@ namespace vlatune::formats {
 
 inline constexpr const char* kProfileSchema = "vlatune.profile/1";
 
+// A GPU's compute capability (CUDA's major.minor), e.g. 8.9 on an L40S: what features it has (FP8 needs >= 8.9).
+struct ComputeCapability {
+  int major = 0, minor = 0;
+  bool at_least(int ma, int mi) const { return major > ma || (major == ma && minor >= mi); }
+  std::string to_string() const { return std::to_string(major) + "." + std::to_string(minor); }
+  bool operator==(const ComputeCapability& o) const { return major == o.major && minor == o.minor; }
+};
+
 struct ProfileSettings {
-  std::string device = "cpu";  // "cuda" | "cpu"
-  std::string tracer = "cpu";  // "cupti" | "cpu" | "none" (tracing unavailable: times are whole steps only)
+  std::string device = "cpu";      // "cuda" | "cpu"
+  std::string workload = "train";  // "train" | "inference"
+  std::string tracer = "cpu";      // "cupti" | "cpu" | "none" (tracing unavailable: times are whole steps only)
   std::string data = "synthetic";
-  int64_t steps = 0;                     // traced steps per batch
-  int64_t warmup = 0;                    // untraced steps before them
-  std::optional<double> gpu_memory_gib;  // total memory of the device; null on CPU
-  std::vector<std::string> degraded;     // human-readable reasons the profile is less than complete
+  int64_t steps = 0;                                    // traced steps per batch
+  int64_t warmup = 0;                                   // untraced steps before them
+  std::optional<double> gpu_memory_gib;                 // total memory of the device; null on CPU
+  std::optional<ComputeCapability> compute_capability;  // of the device; null on CPU and in older profiles
+  std::vector<std::string> degraded;                    // human-readable reasons the profile is less than complete
 };
 
 struct ModuleCost {

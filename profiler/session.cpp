@@ -450,6 +450,7 @@ formats::Profile Session::run() {
   p.environment = opt_.environment;
   p.recipe = opt_.recipe;
   p.settings.device = memory_.cuda ? "cuda" : "cpu";
+  p.settings.workload = opt_.inference ? "inference" : "train";
   p.settings.data = opt_.data_label;
   p.settings.steps = opt_.steps;
   p.settings.warmup = opt_.warmup;
@@ -458,6 +459,9 @@ formats::Profile Session::run() {
     size_t free_bytes = 0, total_bytes = 0;
     if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess)
       p.settings.gpu_memory_gib = static_cast<double>(total_bytes) / kGiB;
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, memory_.device) == cudaSuccess)
+      p.settings.compute_capability = formats::ComputeCapability{prop.major, prop.minor};
   }
 #endif
   for (const auto& fqn : model_.recomputable_fqns())

@@ -5,26 +5,38 @@
 
 namespace vlatune::tuner {
 
-std::vector<int64_t> candidate_batches(const CostModel& model, std::optional<int64_t> fixed) {
-  if (fixed) return {*fixed};
-  std::set<int64_t> out;
-  for (const auto& b : model.profile.batches) out.insert(b.batch);
+std::vector<BatchShape> candidate_batches(const CostModel& model, std::optional<int64_t> fixed, int grad_accum) {
+  if (fixed) return {{*fixed, grad_accum}};
+  std::set<int64_t> batches;
+  for (const auto& b : model.profile.batches) batches.insert(b.batch);
   const int64_t top = model.profiled_batch;
   const int64_t step = std::max<int64_t>(1, top / 8);
   const auto limit = static_cast<int64_t>(kMaxBatchFactor * static_cast<double>(top));
-  for (int64_t b = step; b <= limit; b += step) out.insert(b);
-  return {out.begin(), out.end()};
+  for (int64_t b = step; b <= limit; b += step) batches.insert(b);
+  std::vector<BatchShape> out;
+  for (int64_t b : batches) out.push_back({b, grad_accum});
+  return out;
+}
+
+std::vector<BatchShape> dividing_batches(const CostModel& model, int64_t per_gpu, std::optional<int64_t> fixed) {
+  const auto limit = static_cast<int64_t>(kMaxBatchFactor * static_cast<double>(model.profiled_batch));
+  std::vector<BatchShape> out;
+  for (int64_t b = 1; b <= std::min(per_gpu, fixed ? *fixed : limit); ++b)
+    if (per_gpu % b == 0 && (!fixed || b == *fixed)) out.push_back({b, static_cast<int>(per_gpu / b)});
+  return out;
 }
 
 std::vector<BatchOption> evaluate_batches(const CostModel& model, double budget_gib,
-                                          const std::vector<int64_t>& batches, int grad_accum, int world_size,
+                                          const std::vector<BatchShape>& shapes, int world_size,
                                           const std::function<double(int64_t, const std::vector<int>&)>& comm_exposed) {
   std::vector<BatchOption> out;
-  for (int64_t b : batches) {
+  for (const BatchShape& shape : shapes) {
+    const int64_t b = shape.micro_batch;
     BatchOption o;
     o.batch = b;
+    o.grad_accum = shape.grad_accum;
     RecomputeProblem problem;
-    o.at = recompute_problem(model, b, budget_gib, problem);
+    o.at = recompute_problem(model, b, budget_gib, problem, shape.grad_accum);
     // The least memory this batch can take: every root unit recomputed.
     std::vector<int> all_roots;
     for (size_t i = 0; i < problem.items.size(); ++i)
@@ -37,7 +49,7 @@ std::vector<BatchOption> evaluate_batches(const CostModel& model, double budget_
       c.micro_batch = b;
       c.recompute = o.recompute.best.chosen;
       c.comm_exposed_ms = comm_exposed ? comm_exposed(b, c.recompute) : 0.0;
-      o.prediction = predict(model, c, grad_accum, world_size);
+      o.prediction = predict(model, c, shape.grad_accum, world_size);
     }
     out.push_back(std::move(o));
   }

@@ -104,8 +104,14 @@ bool inside_selection(const CostModel& model, const std::vector<int>& selection,
   return false;
 }
 
-RecomputeAtBatch recompute_problem(const CostModel& model, int64_t batch, double budget_gib,
-                                   RecomputeProblem& problem) {
+double accumulation_gib(const CostModel& model, int grad_accum, double batch) {
+  if (grad_accum <= 1 || model.profiled_grad_accum != 1) return 0.0;
+  const double held = model.backward_over_forward_gib ? model.backward_over_forward_gib->at(batch) : 0.0;
+  return std::clamp(model.gradient_gib - held, 0.0, model.gradient_gib);
+}
+
+RecomputeAtBatch recompute_problem(const CostModel& model, int64_t batch, double budget_gib, RecomputeProblem& problem,
+                                   int grad_accum) {
   const double b = static_cast<double>(batch);
   problem = RecomputeProblem{};
   problem.quantum_bytes = int64_t{1} << 20;  // 1 MiB: at most ~0.1 GiB conservative over 100 segments
@@ -122,7 +128,8 @@ RecomputeAtBatch recompute_problem(const CostModel& model, int64_t batch, double
   at.batch = b;
   const RecomputeEvaluation base = evaluate_recompute(problem, model.baseline_units);
   at.baseline_act_peak_bytes = static_cast<double>(base.peak_bytes);
-  at.other_gib = model.peak_gib.at(b) - at.baseline_act_peak_bytes / kGiB + model.optimizer_delta_gib;
+  at.other_gib = model.peak_gib.at(b) - at.baseline_act_peak_bytes / kGiB + model.optimizer_delta_gib +
+                 accumulation_gib(model, grad_accum, b);
   const double budget_bytes = (budget_gib - at.other_gib) * kGiB;
   problem.budget_bytes = budget_bytes < 0 ? -1 : static_cast<int64_t>(budget_bytes);
   return at;
@@ -131,7 +138,7 @@ RecomputeAtBatch recompute_problem(const CostModel& model, int64_t batch, double
 Prediction predict(const CostModel& model, const Candidate& c, int grad_accum, int world_size) {
   const double b = static_cast<double>(c.micro_batch);
   RecomputeProblem problem;
-  const RecomputeAtBatch at = recompute_problem(model, c.micro_batch, 0.0, problem);
+  const RecomputeAtBatch at = recompute_problem(model, c.micro_batch, 0.0, problem, grad_accum);
   Prediction p;
   for (int i : c.recompute) p.recompute_ms += problem.items[static_cast<size_t>(i)].cost_ms;
   for (int i : model.baseline_units) p.recompute_ms -= problem.items[static_cast<size_t>(i)].cost_ms;
@@ -150,7 +157,10 @@ Prediction predict(const CostModel& model, const Candidate& c, int grad_accum, i
     p.fp8_ms += gemm_ms(gemm, planned_fp8, recomputed, scale) - gemm_ms(gemm, profiled_fp8, recomputed, scale);
   }
   p.comm_ms = c.comm_exposed_ms;
-  p.step_ms = model.step_ms.at(b) + p.recompute_ms + p.fp8_ms + p.comm_ms;
+  // The profiled step holds profiled_grad_accum micro-batches and one optimizer update.
+  const double micro_ms =
+      (model.step_ms.at(b) + p.recompute_ms + p.fp8_ms - model.optimizer_ms) / model.profiled_grad_accum;
+  p.step_ms = grad_accum * micro_ms + model.optimizer_ms + p.comm_ms;
   p.samples_per_s = p.step_ms > 0 ? b * grad_accum * world_size / (p.step_ms / 1e3) : 0;
   return p;
 }

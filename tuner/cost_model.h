@@ -9,6 +9,13 @@
 //     (recompute_solver.h's memory model, evaluated for the new selection minus the baseline's); FP8 changes
 //     replace a GEMM's bf16 times by its FP8 times plus quantization; communication adds what backward cannot hide.
 //   - The recompute A/B rows are ground truth for their class: each scales its units' added ms and saved bytes.
+//   - Gradient accumulation (grad_accum micro-batches per optimizer step): the step is grad_accum x the micro-batch's
+//     forward + backward, plus the optimizer (the "<optimizer>" row) and the exposed communication once. The
+//     activations are one micro-batch's; the gradients of every parameter stay allocated through the later
+//     micro-batches' forward passes (the trainer frees them after each optimizer step, so a step without
+//     accumulation holds none in its forward): accumulating adds them to the peak, less those the profiled peak
+//     already held (its backward peak above its forward peak, fitted over the batches; all of them without phase
+//     peaks).
 #pragma once
 
 #include <cstdint>
@@ -86,6 +93,10 @@ struct CostModel {
   // The planned optimizer state minus the profiled one (GiB, set by plan_optimizer_state): the peak holds the
   // state at every phase, so it moves the memory that recompute cannot change.
   double optimizer_delta_gib = 0;
+  int profiled_grad_accum = 1;  // the profiled recipe's: its step_ms holds that many micro-batches
+  double optimizer_ms = 0;      // the "<optimizer>" row of batches[0] (self_ms): once per optimizer step
+  double gradient_gib = 0;      // memory.gradient_bytes of batches[0] (else the parameters'): held when accumulating
+  std::optional<LinearFit> backward_over_forward_gib;  // peak minus the forward phase's peak, when both measured
 };
 
 // Bytes of AdamW's two moments for `numel` parameters stored in `element_bytes` each: "auto" keeps the moments in
@@ -123,7 +134,13 @@ struct RecomputeAtBatch {
   double baseline_act_peak_bytes = 0;  // the memory model's activation peak of the profiled selection
   double other_gib = 0;                // predicted peak minus the activation peak: what recompute cannot change
 };
-RecomputeAtBatch recompute_problem(const CostModel& model, int64_t batch, double budget_gib, RecomputeProblem& problem);
+// grad_accum: the plan's (accumulation_gib() moves what recompute cannot change).
+RecomputeAtBatch recompute_problem(const CostModel& model, int64_t batch, double budget_gib, RecomputeProblem& problem,
+                                   int grad_accum = 1);
+
+// What accumulating over grad_accum micro-batches adds to the profiled recipe's peak at micro-batch b, when the
+// profile did not accumulate and the plan does (a profile that accumulated already holds them: 0 either way).
+double accumulation_gib(const CostModel& model, int grad_accum, double batch);
 
 // What one recipe is predicted to do.
 struct Candidate {
@@ -140,7 +157,9 @@ struct Prediction {
   double comm_ms = 0;       // exposed communication
 };
 
-// grad_accum and world_size multiply the samples per step (recipe semantics).
+// One optimizer step of grad_accum micro-batches on each of world_size GPUs (recipe semantics): the time of
+// grad_accum micro-batches plus the optimizer and the exposed communication once; samples = micro-batch x
+// grad_accum x world_size.
 Prediction predict(const CostModel& model, const Candidate& candidate, int grad_accum = 1, int world_size = 1);
 
 // Time of one GEMM per step under a precision, at micro-batch b (times scale with M = b x tokens), its forward

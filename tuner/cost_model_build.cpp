@@ -153,6 +153,27 @@ void fit_batches(CostModel& m) {
   m.peak_gib = fit_linear(bb0, m.profiled_peak_gib, b1_batch, b1_peak);
   if (!b1_batch)
     m.notes.push_back("one batch size profiled: step time, peak and activations scale in proportion to the batch");
+  // Accumulation (cost_model.h): what the profiled step repeats per micro-batch and what it runs once.
+  m.profiled_grad_accum = std::max(1, profile.recipe.batch.grad_accum);
+  for (const ModuleCost& row : b0.modules)
+    if (row.fqn == "<optimizer>") m.optimizer_ms = std::min(row.self_ms, profile.batches.back().step_ms);
+  if (!std::any_of(b0.modules.begin(), b0.modules.end(), [](const ModuleCost& r) { return r.fqn == "<optimizer>"; }))
+    m.notes.push_back(
+        "no <optimizer> row: with gradient accumulation the whole profiled step is counted per micro-batch");
+  const std::optional<int64_t> grads = b0.memory.gradient_bytes ? b0.memory.gradient_bytes : b0.memory.parameter_bytes;
+  m.gradient_gib = static_cast<double>(grads.value_or(0)) / kGiB;
+  // The profiled peak above the forward phase's: gradients it already held (cost_model.h).
+  auto gap = [&](const BatchProfile& b) -> std::optional<double> {
+    const auto it = b.memory.peak_gib_by_phase.find("forward");
+    if (!b.peak_gib || it == b.memory.peak_gib_by_phase.end()) return std::nullopt;
+    return std::max(0.0, *b.peak_gib - it->second);
+  };
+  if (const std::optional<double> g0 = gap(b0)) {
+    std::optional<double> g1 = profile.batches.size() > 1 ? gap(profile.batches[1]) : std::nullopt;
+    m.backward_over_forward_gib =
+        fit_linear(static_cast<double>(b0.batch), *g0,
+                   g1 ? std::optional<double>(static_cast<double>(profile.batches[1].batch)) : std::nullopt, g1);
+  }
   const double med = formats::median(b0.step_ms_samples);
   std::vector<double> dev;
   for (double v : b0.step_ms_samples) dev.push_back(std::abs(v - med));

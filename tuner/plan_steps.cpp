@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "formats/fqn_pattern.h"
@@ -70,7 +71,7 @@ std::vector<int> selected_gemms(const Fp8Selection& fp8) {
 // Predictions keep the profiled prices and add the FP8 change (predict()), which comes to the same number.
 CostModel price_gemm_units(const PlanInputs& in, const CostModel& m) {
   CostModel out = m;
-  if (!in.options.fp8_auto) return out;
+  if (!fp8_planned(in)) return out;
   Fp8Options fo = fp8_options(in, m);
   fo.recomputed = [](const std::string&) { return true; };
   std::set<int> fp8;
@@ -161,7 +162,7 @@ KindChange kind_change(const RecomputeProblem& problem, const std::vector<int>& 
 std::vector<Rationale> recompute_rationale(const FitStep& fit, const BatchOption& chosen, double budget_gib) {
   const CostModel& m = fit.model;
   RecomputeProblem problem;
-  recompute_problem(fit.priced, chosen.batch, budget_gib, problem);
+  recompute_problem(fit.priced, chosen.batch, budget_gib, problem, chosen.grad_accum);
   const std::vector<int>& selection = chosen.recompute.best.chosen;
   const std::set<int> now(selection.begin(), selection.end());
   const std::set<int> before(m.baseline_units.begin(), m.baseline_units.end());
@@ -221,15 +222,26 @@ Rationale batch_rationale(const PlanInputs& in, const RecomputeStep& step) {
         (!runner_up || bo.prediction.samples_per_s > runner_up->prediction.samples_per_s))
       runner_up = &bo;
   }
+  const int world = in.options.world_size;
+  const int64_t global = chosen.batch * chosen.grad_accum * world;
   std::string reason = in.options.batch ? "--batch " + std::to_string(*in.options.batch)
-                                        : "most predicted samples/s among batches " + join(seen) +
+                                        : "most predicted samples/s among micro-batches " + join(seen) +
                                               " (each with its own least-time recompute set; a batch outside the "
                                               "profiled range must win by " +
                                               pct(kExtrapolationMargin) + ")";
+  reason += in.global_batch > 0
+                ? "; global batch " + std::to_string(global) + " kept: grad_accum " +
+                      std::to_string(chosen.grad_accum) + " x micro-batch " + std::to_string(chosen.batch) + " x " +
+                      std::to_string(world) + " GPU" + (world > 1 ? "s" : "") + " (the optimizer runs once per " +
+                      std::to_string(chosen.grad_accum) + " micro-batches)"
+                : "; grad_accum " + std::to_string(chosen.grad_accum) + " (the profiled recipe's): global batch " +
+                      std::to_string(global);
   std::map<std::string, double> n = {{"micro_batch", static_cast<double>(chosen.batch)},
+                                     {"grad_accum", static_cast<double>(chosen.grad_accum)},
+                                     {"global_batch", static_cast<double>(global)},
                                      {"predicted_samples_per_s", chosen.prediction.samples_per_s}};
   if (runner_up) {
-    reason += "; next: batch " + std::to_string(runner_up->batch) + " at " +
+    reason += "; next: micro-batch " + std::to_string(runner_up->batch) + " at " +
               fixed(runner_up->prediction.samples_per_s, 2) + " samples/s";
     if (runner_up->prediction.samples_per_s > chosen.prediction.samples_per_s) {
       // choose_batch passes over a faster batch for one reason only.
@@ -243,10 +255,19 @@ Rationale batch_rationale(const PlanInputs& in, const RecomputeStep& step) {
     n["runner_up_micro_batch"] = static_cast<double>(runner_up->batch);
     n["runner_up_samples_per_s"] = runner_up->prediction.samples_per_s;
   }
-  return {"micro-batch " + std::to_string(chosen.batch), reason, n};
+  return {batch_shape(chosen.batch, chosen.grad_accum), reason, n};
 }
 
 }  // namespace
+
+bool fp8_planned(const PlanInputs& in) {
+  return in.options.fp8_auto && in.fp8_unavailable.empty();
+}
+
+std::string batch_shape(int64_t micro_batch, int grad_accum) {
+  return "micro-batch " + std::to_string(micro_batch) +
+         (grad_accum > 1 ? " x grad_accum " + std::to_string(grad_accum) : "");
+}
 
 formats::StateDtype planned_state_dtype(const PlanInputs& in) {
   return in.options.optimizer_state.value_or(in.profile.recipe.optimizer.state_dtype);
@@ -319,38 +340,10 @@ FitStep fit_step(const PlanInputs& in) {
   for (const std::string& note : m.notes) out.why.push_back({"cost model note", note, {}});
   if (state_dtype != profiled_state) {
     out.why.push_back({std::string("optimizer state ") + formats::to_string(state_dtype),
-                       std::string("--optimizer-state: AdamW's moments ") + fixed(state_delta_gib, 2) +
+                       in.state_source + ": AdamW's moments " + fixed(state_delta_gib, 2) +
                            " GiB against the profiled " + formats::to_string(profiled_state) +
                            " state, at every micro-batch",
                        {{"optimizer_delta_gib", state_delta_gib}}});
-  }
-  return out;
-}
-
-BudgetStep budget_step(const PlanInputs& in) {
-  const PlanOptions& o = in.options;
-  const formats::ProfileSettings& settings = in.profile.settings;
-  BudgetStep out;
-  if (o.memory_budget_gib) {
-    out.budget_gib = *o.memory_budget_gib;
-    out.why.push_back(
-        {"memory budget " + fixed(out.budget_gib, 1) + " GiB", "--memory-budget", {{"budget_gib", out.budget_gib}}});
-  } else if (settings.gpu_memory_gib) {
-    out.budget_gib = *settings.gpu_memory_gib * kDefaultBudgetFraction;
-    out.why.push_back({"memory budget " + fixed(out.budget_gib, 1) + " GiB",
-                       "the profiled GPU's " + fixed(*settings.gpu_memory_gib, 1) +
-                           " GiB minus 5% (allocator fragmentation, CUDA context); --memory-budget overrides",
-                       {{"budget_gib", out.budget_gib}, {"gpu_memory_gib", *settings.gpu_memory_gib}}});
-  } else if (settings.device == "cpu" && o.host_memory_gib) {
-    out.budget_gib = *o.host_memory_gib * kDefaultBudgetFraction;
-    out.why.push_back({"memory budget " + fixed(out.budget_gib, 1) + " GiB",
-                       "a CPU profile records no device memory: this machine's " + fixed(*o.host_memory_gib, 1) +
-                           " GiB of main memory minus 5%; --memory-budget overrides",
-                       {{"budget_gib", out.budget_gib}, {"host_memory_gib", *o.host_memory_gib}}});
-  } else {
-    throw PlanInputError(
-        "--memory-budget: the profile does not record the GPU's memory (settings.gpu_memory_gib is "
-        "null); pass the budget in GiB");
   }
   return out;
 }
@@ -387,29 +380,42 @@ ExposedMs exposed_ms(const CommSetup& comm, const CostModel& priced, const Recip
   };
 }
 
-RecomputeStep recompute_step(const PlanInputs& in, const FitStep& fit, double budget_gib, const ExposedMs& exposed,
-                             int grad_accum) {
+double RecomputeStep::min_peak_gib() const {
+  double least = std::numeric_limits<double>::infinity();
+  for (const BatchOption& bo : options) least = std::min(least, bo.min_peak_gib);
+  return least;
+}
+
+RecomputeStep recompute_step(const PlanInputs& in, const FitStep& fit, double budget_gib, const ExposedMs& exposed) {
   RecomputeStep out;
-  const std::vector<int64_t> batches = candidate_batches(fit.model, in.options.batch);
-  out.options = evaluate_batches(fit.priced, budget_gib, batches, grad_accum, in.options.world_size, exposed);
-  const int pick = choose_batch(fit.priced, out.options);
-  if (pick < 0) {
-    const BatchOption& smallest = out.options.front();
-    throw PlanInputError("--memory-budget: " + fixed(budget_gib, 1) + " GiB is below what batch " +
-                         std::to_string(smallest.batch) + " needs even recomputing every candidate: " +
-                         fixed(smallest.min_peak_gib, 1) + " GiB (of which " + fixed(smallest.at.other_gib, 1) +
-                         " GiB do not depend on recompute: parameters, gradients, optimizer state, "
-                         "non-candidate activations)");
-  }
-  out.chosen = static_cast<size_t>(pick);
+  const PlanOptions& o = in.options;
+  const std::vector<BatchShape> shapes =
+      in.global_batch > 0 ? dividing_batches(fit.model, in.global_batch / o.world_size, o.batch)
+                          : candidate_batches(fit.model, o.batch, std::max(1, in.profile.recipe.batch.grad_accum));
+  out.options = evaluate_batches(fit.priced, budget_gib, shapes, o.world_size, exposed);
+  out.chosen = choose_batch(fit.priced, out.options);
+  if (!out.feasible()) return out;
   out.why = recompute_rationale(fit, out.choice(), budget_gib);
   out.why.push_back(batch_rationale(in, out));
   return out;
 }
 
+std::string does_not_fit(const RecomputeStep& step, double budget_gib) {
+  if (step.options.empty()) return "no micro-batch to try";
+  const BatchOption* least = &step.options.front();
+  for (const BatchOption& bo : step.options)
+    if (bo.min_peak_gib < least->min_peak_gib) least = &bo;
+  const std::string what =
+      least->grad_accum > 1 ? batch_shape(least->batch, least->grad_accum) : "batch " + std::to_string(least->batch);
+  return "--memory-budget: " + fixed(budget_gib, 1) + " GiB is below what " + what +
+         " needs even recomputing every candidate: " + fixed(least->min_peak_gib, 1) + " GiB (of which " +
+         fixed(least->at.other_gib, 1) +
+         " GiB do not depend on recompute: parameters, gradients, optimizer state, non-candidate activations)";
+}
+
 std::vector<int> fp8_selection(const PlanInputs& in, const CostModel& model, int64_t batch,
                                const std::vector<int>& recompute) {
-  return in.options.fp8_auto ? selected_gemms(solve_fp8_at(in, model, batch, recompute)) : std::vector<int>{};
+  return fp8_planned(in) ? selected_gemms(solve_fp8_at(in, model, batch, recompute)) : std::vector<int>{};
 }
 
 Fp8Step fp8_step(const PlanInputs& in, const CostModel& m, int64_t batch, const std::vector<int>& recompute) {
@@ -417,6 +423,11 @@ Fp8Step fp8_step(const PlanInputs& in, const CostModel& m, int64_t batch, const 
   Fp8Step out;
   out.gemms = selected_gemms(fp8);
   const std::string selected = std::to_string(out.gemms.size()) + " of " + std::to_string(fp8.verdicts.size());
+  if (!in.fp8_unavailable.empty()) {
+    out.why.push_back({"FP8 off", in.fp8_unavailable, {}});
+    out.gemms.clear();
+    return out;
+  }
   if (!in.options.fp8_auto) {
     out.why.push_back(
         {"FP8 off",

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "formats/recipe.h"
 #include "tuner/batch_choice.h"
 #include "tuner/cost_model.h"
+#include "tuner/gpus.h"
 #include "tuner/grouping.h"
 #include "tuner/planner.h"
 
@@ -25,7 +27,17 @@ struct PlanInputs {
   const formats::Profile& profile;
   const std::string& file;
   const PlanOptions& options;
+  // The global batch the candidates keep (samples per optimizer step over all GPUs); 0: any, at the profiled
+  // recipe's grad_accum (--allow global-batch).
+  int64_t global_batch = 0;
+  // Why the target GPU cannot run FP8 ("" when it can): --fp8 auto then selects nothing.
+  std::string fp8_unavailable;
+  // What set the planned optimizer state, for the rationale.
+  std::string state_source = "--optimizer-state";
 };
+
+// --fp8 auto on a GPU that has FP8.
+bool fp8_planned(const PlanInputs& in);
 
 // The optimizer state the plan prices and writes: --optimizer-state, else the profiled recipe's.
 formats::StateDtype planned_state_dtype(const PlanInputs& in);
@@ -34,7 +46,27 @@ formats::StateDtype planned_state_dtype(const PlanInputs& in);
 // and the planned optimizer state.
 formats::Recipe base_recipe(const PlanInputs& in);
 
-// 1. The cost model: fitted, calibrated, and (--fp8 auto) with the merged-GEMM units priced at their FP8 times.
+// 1. The GPU planned for (--gpu, else the profiled one) and the memory budget.
+struct TargetStep {
+  double budget_gib = 0;
+  std::optional<GpuSpec> gpu;                            // --gpu
+  std::optional<formats::ComputeCapability> capability;  // of the target, when known
+  std::string fp8_unavailable;                           // see PlanInputs
+  std::optional<std::string> timed_on;                   // the profiled GPU, when the target is another one
+  std::vector<formats::Rationale> why;
+};
+TargetStep target_step(const formats::Profile& profile, const PlanOptions& options);
+
+// The global batch the plan keeps unless --allow global-batch: --global-batch, else the profiled recipe's
+// (micro-batch x grad_accum x the processes that ran it). `strict` (the global batch must be kept): throws
+// PlanInputError when --world-size does not divide it or --batch does not divide its share per GPU, naming both.
+struct GlobalBatch {
+  int64_t samples = 0;
+  std::string source;  // "--global-batch" or how the profiled recipe makes it up
+};
+GlobalBatch stated_global_batch(const formats::Profile& profile, const PlanOptions& options, bool strict);
+
+// 2. The cost model: fitted, calibrated, and (--fp8 auto) with the merged-GEMM units priced at their FP8 times.
 struct FitStep {
   CostModel model;   // predictions: the profiled prices
   CostModel priced;  // what the recompute solver and the batch choice see
@@ -42,13 +74,6 @@ struct FitStep {
   std::vector<formats::Rationale> why;
 };
 FitStep fit_step(const PlanInputs& in);
-
-// 2. The memory budget.
-struct BudgetStep {
-  double budget_gib = 0;
-  std::vector<formats::Rationale> why;
-};
-BudgetStep budget_step(const PlanInputs& in);
 
 // Communication (several GPUs): what the batch choice and the groups price the all-reduce with.
 struct CommSetup {
@@ -62,15 +87,21 @@ CommSetup comm_setup(const PlanInputs& in);
 using ExposedMs = std::function<double(int64_t batch, const std::vector<int>& recompute)>;
 ExposedMs exposed_ms(const CommSetup& comm, const CostModel& priced, const formats::Recipe& base);
 
-// 3. The micro-batch and its recompute set, jointly.
+// 3. The micro-batch (with the grad_accum that keeps the global batch) and its recompute set, jointly.
 struct RecomputeStep {
-  std::vector<BatchOption> options;  // every candidate batch
-  size_t chosen = 0;                 // index into options
+  std::vector<BatchOption> options;  // every candidate micro-batch
+  int chosen = -1;                   // index into options; -1: nothing fits the budget
   std::vector<formats::Rationale> why;
-  const BatchOption& choice() const { return options[chosen]; }
+  bool feasible() const { return chosen >= 0; }
+  const BatchOption& choice() const { return options[static_cast<size_t>(chosen)]; }
+  // The least predicted peak of any candidate, recomputing everything that may be (infinity without candidates).
+  double min_peak_gib() const;
 };
-RecomputeStep recompute_step(const PlanInputs& in, const FitStep& fit, double budget_gib, const ExposedMs& exposed,
-                             int grad_accum);
+RecomputeStep recompute_step(const PlanInputs& in, const FitStep& fit, double budget_gib, const ExposedMs& exposed);
+// Why an infeasible step fits nothing: the budget against the least any candidate needs.
+std::string does_not_fit(const RecomputeStep& step, double budget_gib);
+// "micro-batch 8 x grad_accum 4" (or "micro-batch 8" without accumulation).
+std::string batch_shape(int64_t micro_batch, int grad_accum);
 
 // 4. The FP8 GEMM set at the chosen batch and recompute set (empty without --fp8 auto).
 struct Fp8Step {

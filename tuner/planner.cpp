@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -12,6 +13,7 @@
 #include "formats/json_error.h"
 #include "formats/numbers.h"
 #include "tuner/plan_steps.h"
+#include "tuner/plan_variants.h"
 
 namespace vlatune::tuner {
 
@@ -39,6 +41,8 @@ std::string join(const std::vector<std::string>& v, const std::string& sep = ", 
 void check_flags(const PlanOptions& o) {
   if (o.world_size < 1) throw PlanInputError("--world-size: must be >= 1");
   if (o.batch && *o.batch < 1) throw PlanInputError("--batch: must be >= 1 or 'auto'");
+  if (o.global_batch && (*o.global_batch < 1 || *o.global_batch > 1048576))
+    throw PlanInputError("--global-batch: must be in 1..1048576 (the recipe's size range)");
   if (!(o.fp8_margin >= 1.0)) throw PlanInputError("--fp8-margin: must be >= 1 (a bf16/FP8 time ratio)");
   if (o.memory_budget_gib && !(*o.memory_budget_gib > 0)) throw PlanInputError("--memory-budget: must be > 0 GiB");
   if (o.allreduce_gbps && !(*o.allreduce_gbps > 0)) throw PlanInputError("--allreduce-gbps: must be > 0 GB/s");
@@ -82,11 +86,14 @@ std::vector<std::string> fp8_patterns(const formats::Profile& p, const std::vect
 
 struct Choice {
   int64_t batch = 0;
+  int grad_accum = 1;
   std::vector<int> recompute;
   std::vector<int> fp8;
   Prediction prediction;
   std::string origin;  // "plan", "batch", "frontier", "profiled"
-  bool same_as(const Choice& o) const { return batch == o.batch && recompute == o.recompute && fp8 == o.fp8; }
+  bool same_as(const Choice& o) const {
+    return batch == o.batch && grad_accum == o.grad_accum && recompute == o.recompute && fp8 == o.fp8;
+  }
 };
 
 std::string describe(const CostModel& m, const Choice& c) {
@@ -94,13 +101,14 @@ std::string describe(const CostModel& m, const Choice& c) {
   for (int u : c.recompute) kinds[m.units[static_cast<size_t>(u)].spec.kind]++;
   std::vector<std::string> parts;
   for (const auto& [kind, n] : kinds) parts.push_back(std::to_string(n) + " " + kind);
-  return "micro-batch " + std::to_string(c.batch) + ", recompute " + (parts.empty() ? "nothing" : join(parts)) + ", " +
+  return batch_shape(c.batch, c.grad_accum) + ", recompute " + (parts.empty() ? "nothing" : join(parts)) + ", " +
          std::to_string(c.fp8.size()) + " FP8 GEMMs";
 }
 
 Recipe make_recipe(const Recipe& base, const CostModel& m, const Choice& c) {
   Recipe r = base;
   r.batch.micro_batch = static_cast<int>(c.batch);
+  r.batch.grad_accum = c.grad_accum;
   r.recompute.modules = recompute_patterns(m, c.recompute);
   r.fp8.modules = fp8_patterns(m.profile, c.fp8);
   // Delayed scaling when FP8 is chosen: on the H200 it trained 67.7-68.3 samples/s against 63.8-64.7 for current
@@ -118,6 +126,7 @@ std::map<std::string, double> candidate_numbers(const Choice& c, bool chosen) {
   std::map<std::string, double> n = {{"predicted_step_ms", c.prediction.step_ms},
                                      {"predicted_peak_gib", c.prediction.peak_gib},
                                      {"micro_batch", static_cast<double>(c.batch)},
+                                     {"grad_accum", static_cast<double>(c.grad_accum)},
                                      {"predicted_samples_per_s", c.prediction.samples_per_s},
                                      {"recomputed_modules", static_cast<double>(c.recompute.size())}};
   if (chosen) n["chosen"] = 1;
@@ -130,7 +139,7 @@ std::string passed_over(const CostModel& m, const RecomputeStep& rc, const Choic
     return "its predicted peak " + fixed(c.prediction.peak_gib, 1) + " GiB is over the " + fixed(budget_gib, 1) +
            " GiB budget";
   const BatchOption& chosen = rc.choice();
-  if (c.batch != chosen.batch) {
+  if (c.batch != chosen.batch || c.grad_accum != chosen.grad_accum) {
     for (const BatchOption& bo : rc.options) {
       if (bo.batch != c.batch || !bo.feasible) continue;
       if (bo.prediction.samples_per_s > chosen.prediction.samples_per_s && !in_profiled_range(m, c.batch))
@@ -148,37 +157,37 @@ std::string passed_over(const CostModel& m, const RecomputeStep& rc, const Choic
 
 // ---- 6. Prediction, candidates, recipe ----
 
-PlanResult rank(const PlanInputs& in, const FitStep& fit, const BudgetStep& budget, const Recipe& base,
+PlanResult rank(const PlanInputs& in, const FitStep& fit, const TargetStep& target, const Recipe& base,
                 const RecomputeStep& rc, const Fp8Step& fp8, const GroupsStep& groups, const ExposedMs& exposed,
                 std::vector<Rationale> why) {
   const CostModel& m = fit.model;
   const PlanOptions& o = in.options;
-  const int grad_accum = base.batch.grad_accum;
   const BatchOption& chosen = rc.choice();
-  Choice plan_choice{chosen.batch, chosen.recompute.best.chosen, fp8.gemms, {}, "plan"};
-  plan_choice.prediction =
-      predict(m, {chosen.batch, plan_choice.recompute, plan_choice.fp8, groups.exposed_ms}, grad_accum, o.world_size);
+  Choice plan_choice{chosen.batch, chosen.grad_accum, chosen.recompute.best.chosen, fp8.gemms, {}, "plan"};
+  plan_choice.prediction = predict(m, {chosen.batch, plan_choice.recompute, plan_choice.fp8, groups.exposed_ms},
+                                   chosen.grad_accum, o.world_size);
   std::vector<int> base_fp8;
   for (size_t g = 0; g < in.profile.gemms.size(); ++g)
     if (profiled_in_fp8(in.profile, in.profile.gemms[g])) base_fp8.push_back(static_cast<int>(g));
-  Choice profiled{m.profiled_batch, m.baseline_units, base_fp8, {}, "profiled"};
-  profiled.prediction = predict(m, {m.profiled_batch, m.baseline_units, base_fp8, 0.0}, grad_accum, 1);
+  const int profiled_accum = m.profiled_grad_accum;
+  Choice profiled{m.profiled_batch, profiled_accum, m.baseline_units, base_fp8, {}, "profiled"};
+  profiled.prediction = predict(m, {m.profiled_batch, m.baseline_units, base_fp8, 0.0}, profiled_accum, 1);
 
   // The candidates: each batch's least-time set, and points of the chosen batch's time/memory frontier.
   std::vector<Choice> pool;
-  auto make_choice = [&](int64_t b, const std::vector<int>& recompute, const std::string& origin) {
-    Choice c{b, recompute, fp8_selection(in, m, b, recompute), {}, origin};
-    c.prediction = predict(m, {b, recompute, c.fp8, exposed(b, recompute)}, grad_accum, o.world_size);
+  auto make_choice = [&](int64_t b, int accum, const std::vector<int>& recompute, const std::string& origin) {
+    Choice c{b, accum, recompute, fp8_selection(in, m, b, recompute), {}, origin};
+    c.prediction = predict(m, {b, recompute, c.fp8, exposed(b, recompute)}, accum, o.world_size);
     return c;
   };
   for (const BatchOption& bo : rc.options)
-    if (bo.feasible) pool.push_back(make_choice(bo.batch, bo.recompute.best.chosen, "batch"));
+    if (bo.feasible) pool.push_back(make_choice(bo.batch, bo.grad_accum, bo.recompute.best.chosen, "batch"));
   {
     const auto& front = chosen.recompute.frontier;
     const size_t keep = std::min<size_t>(8, front.size());
     for (size_t k = 0; k < keep; ++k) {
       const size_t idx = keep == 1 ? front.size() - 1 : k * (front.size() - 1) / (keep - 1);
-      pool.push_back(make_choice(chosen.batch, front[idx].chosen, "frontier"));
+      pool.push_back(make_choice(chosen.batch, chosen.grad_accum, front[idx].chosen, "frontier"));
     }
   }
   bool marked = false;
@@ -188,7 +197,7 @@ PlanResult rank(const PlanInputs& in, const FitStep& fit, const BudgetStep& budg
     std::string reason = c.origin == "batch" ? "the least-time recompute set within the budget at this micro-batch"
                                              : "on the time/memory frontier at micro-batch " + std::to_string(c.batch);
     if (!is_plan && c.prediction.samples_per_s > plan_choice.prediction.samples_per_s + 1e-9)
-      reason += kNotThePlan + passed_over(m, rc, c, budget.budget_gib);
+      reason += kNotThePlan + passed_over(m, rc, c, target.budget_gib);
     why.push_back({"candidate: " + describe(m, c), reason, candidate_numbers(c, is_plan)});
   }
   {
@@ -196,24 +205,29 @@ PlanResult rank(const PlanInputs& in, const FitStep& fit, const BudgetStep& budg
     const Prediction& q = profiled.prediction;
     why.push_back({"predicted step " + fixed(p.step_ms, 1) + " ms, peak " + fixed(p.peak_gib, 1) + " GiB, " +
                        fixed(p.samples_per_s, 2) + " samples/s",
-                   "vs the profiled recipe at batch " + std::to_string(m.profiled_batch) + ": " + fixed(q.step_ms, 1) +
-                       " ms, " + fixed(q.peak_gib, 1) + " GiB, " + fixed(q.samples_per_s, 2) + " samples/s (" +
-                       pct(p.samples_per_s / q.samples_per_s) + " samples/s); recompute " + fixed(p.recompute_ms, 1) +
-                       " ms, FP8 " + fixed(p.fp8_ms, 1) + " ms, exposed communication " + fixed(p.comm_ms, 1) +
-                       " ms relative to it. Re-measure: vlatune train reports predicted vs measured",
+                   "vs the profiled recipe at " + batch_shape(m.profiled_batch, profiled_accum) + ": " +
+                       fixed(q.step_ms, 1) + " ms, " + fixed(q.peak_gib, 1) + " GiB, " + fixed(q.samples_per_s, 2) +
+                       " samples/s (" + pct(p.samples_per_s / q.samples_per_s) + " samples/s); recompute " +
+                       fixed(p.recompute_ms, 1) + " ms, FP8 " + fixed(p.fp8_ms, 1) + " ms, exposed communication " +
+                       fixed(p.comm_ms, 1) +
+                       " ms relative to it. Re-measure: vlatune train reports predicted vs measured" +
+                       (target.timed_on ? "; times are " + *target.timed_on + "'s (the profiled GPU)" : ""),
                    // Not predicted_step_ms / predicted_peak_gib: those mark a candidate, and this is the plan's
                    // candidate again (the report would draw it twice).
                    {{"step_ms", p.step_ms},
                     {"peak_gib", p.peak_gib},
                     {"samples_per_s", p.samples_per_s},
                     {"micro_batch", static_cast<double>(chosen.batch)},
+                    {"grad_accum", static_cast<double>(chosen.grad_accum)},
                     {"profiled_step_ms", q.step_ms},
                     {"profiled_peak_gib", q.peak_gib},
                     {"profiled_samples_per_s", q.samples_per_s}}});
   }
 
   PlanResult result;
-  result.budget_gib = budget.budget_gib;
+  result.budget_gib = target.budget_gib;
+  result.global_batch = chosen.batch * chosen.grad_accum * o.world_size;
+  result.timed_on = target.timed_on;
   result.baseline = profiled.prediction;
   result.baseline_batch = m.profiled_batch;
   result.predicted = plan_choice.prediction;
@@ -223,8 +237,13 @@ PlanResult rank(const PlanInputs& in, const FitStep& fit, const BudgetStep& budg
   result.recipe = make_recipe(recipe, m, plan_choice);
   result.recipe.rationale = std::move(why);
 
-  // Ranked candidates for --grid: the plan, then the best distinct others by predicted samples/s.
-  if (profiled.prediction.peak_gib <= budget.budget_gib) pool.push_back(profiled);
+  // Ranked candidates for --grid: the plan, then the best distinct others by predicted samples/s. The profiled
+  // recipe among them when it fits, trains the kept global batch and runs on the target.
+  const bool profiled_same_batch =
+      in.global_batch == 0 || m.profiled_batch * profiled_accum * o.world_size == in.global_batch;
+  const bool profiled_runs = base_fp8.empty() || in.fp8_unavailable.empty();
+  if (profiled.prediction.peak_gib <= target.budget_gib && profiled_same_batch && profiled_runs)
+    pool.push_back(profiled);
   std::stable_sort(pool.begin(), pool.end(), [](const Choice& a, const Choice& b) {
     return a.prediction.samples_per_s > b.prediction.samples_per_s;
   });
@@ -259,23 +278,65 @@ void append(std::vector<Rationale>& why, const Step& step) {
 
 PlanResult plan(const formats::Profile& profile, const std::string& file, const PlanOptions& o) {
   check_flags(o);
-  const PlanInputs in{profile, file, o};
-  std::vector<Rationale> why;
-  const FitStep fit = fit_step(in);  // 1
-  append(why, fit);
-  const BudgetStep budget = budget_step(in);  // 2
-  append(why, budget);
-  const CommSetup comm = comm_setup(in);
-  const Recipe base = base_recipe(in);
-  const ExposedMs exposed = exposed_ms(comm, fit.priced, base);
-  const RecomputeStep rc = recompute_step(in, fit, budget.budget_gib, exposed, base.batch.grad_accum);  // 3
-  append(why, rc);
-  const BatchOption& chosen = rc.choice();
-  const Fp8Step fp8 = fp8_step(in, fit.model, chosen.batch, chosen.recompute.best.chosen);  // 4
+  if (profile.settings.workload != "train")
+    throw formats::FormatError(file, "$.settings.workload",
+                               "\"" + profile.settings.workload +
+                                   "\": plan needs a training profile (`vlatune profile` without --inference); this "
+                                   "one times sampled action chunks, not optimizer steps");
+  const TargetStep target = target_step(profile, o);  // 1
+  const GlobalBatch global = stated_global_batch(profile, o, !o.allow.count(AllowedChange::kGlobalBatch));
+  const PlanInputs stated_in{profile, file, o, global.samples, target.fp8_unavailable};
+  const CommSetup comm = comm_setup(stated_in);
+
+  // Steps 2-3 for the stated training and for each change --allow permits; the rest only on failure, to say which
+  // --allow choice would fit.
+  std::vector<std::unique_ptr<Planned>> planned;
+  std::vector<Variant> others;
+  std::vector<std::string> unpriced;  // allowed changes the profile cannot price
+  for (Variant& v : training_variants(profile, o, global)) {
+    if (!std::includes(o.allow.begin(), o.allow.end(), v.uses.begin(), v.uses.end())) {
+      others.push_back(std::move(v));
+      continue;
+    }
+    if (v.uses.empty()) {
+      planned.push_back(std::make_unique<Planned>(std::move(v), profile, file, target, comm));
+      continue;
+    }
+    const std::string flag = allow_flag(v.uses);
+    try {
+      planned.push_back(std::make_unique<Planned>(std::move(v), profile, file, target, comm));
+    } catch (const PlanInputError& e) {
+      unpriced.push_back(flag + ": not considered: " + e.what());
+    }
+  }
+  // The stated training unless an allowed change fits where it does not, or is faster. A variant that comes out the
+  // same training (any global batch choosing the stated one) is taken at a tie: its rationale shows more candidates.
+  const Planned* pick = nullptr;
+  for (const auto& p : planned) {
+    if (!p->rc.feasible()) continue;
+    const bool faster = !pick || p->samples_per_s() > pick->samples_per_s() * (1 + 1e-9);
+    const bool same = pick && p->samples_per_s() >= pick->samples_per_s() * (1 - 1e-9) &&
+                      changes_made(*p, global, profile, o).empty();
+    if (faster || same) pick = p.get();
+  }
+  if (!pick) throw PlanInputError(nothing_fits(planned, others, profile, file, target, comm));
+
+  std::vector<Rationale> why = allowed_change_rationale(*pick, planned, global, target.budget_gib);
+  append(why, target);
+  append(why, pick->fit);  // 2
+  append(why, pick->rc);   // 3
+  const PlanInputs& in = pick->in;
+  const BatchOption& chosen = pick->rc.choice();
+  const Fp8Step fp8 = fp8_step(in, pick->fit.model, chosen.batch, chosen.recompute.best.chosen);  // 4
   append(why, fp8);
-  const GroupsStep groups = groups_step(in, fit.priced, comm, base, chosen.batch, chosen.recompute.best.chosen);  // 5
+  const GroupsStep groups =
+      groups_step(in, pick->fit.priced, comm, pick->base, chosen.batch, chosen.recompute.best.chosen);  // 5
   append(why, groups);
-  return rank(in, fit, budget, base, rc, fp8, groups, exposed, std::move(why));  // 6
+  PlanResult result =
+      rank(in, pick->fit, target, pick->base, pick->rc, fp8, groups, pick->exposed, std::move(why));  // 6
+  result.used = changes_made(*pick, global, profile, o);
+  result.warnings.insert(result.warnings.end(), unpriced.begin(), unpriced.end());
+  return result;
 }
 
 std::string format_explain(const PlanResult& r) {
@@ -285,7 +346,7 @@ std::string format_explain(const PlanResult& r) {
   if (recipe.tuned_on.profile) os << " from " << *recipe.tuned_on.profile;
   if (recipe.tuned_on.gpu)
     os << " (" << *recipe.tuned_on.gpu << (recipe.tuned_on.torch ? ", torch " + *recipe.tuned_on.torch : "") << ")";
-  os << ", memory budget " << fixed(r.budget_gib, 1) << " GiB\n";
+  os << ", memory budget " << fixed(r.budget_gib, 1) << " GiB, global batch " << r.global_batch << "\n";
   std::vector<const Rationale*> frontier;
   for (const Rationale& x : recipe.rationale) {
     if (x.decision.rfind("candidate: ", 0) == 0) {
@@ -305,16 +366,16 @@ std::string format_explain(const PlanResult& r) {
   }
   if (!frontier.empty()) {
     os << "candidates considered (predicted; * = the plan):\n";
-    os << "    batch  recomputed   step ms   peak GiB   samples/s\n";
+    os << "    batch  accum  recomputed   step ms   peak GiB   samples/s\n";
     // Candidates that predict more than the plan, grouped by the rule that passed them over.
     std::vector<std::pair<std::string, std::vector<std::string>>> passed;
     for (const Rationale* x : frontier) {
       const auto& n = x->numbers;
       const bool chosen = n.count("chosen") && n.at("chosen") != 0;
       char line[160];
-      std::snprintf(line, sizeof line, "  %s %6.0f  %10.0f  %8.1f  %9.1f  %10.2f\n", chosen ? "*" : " ",
-                    n.at("micro_batch"), n.at("recomputed_modules"), n.at("predicted_step_ms"),
-                    n.at("predicted_peak_gib"), n.at("predicted_samples_per_s"));
+      std::snprintf(line, sizeof line, "  %s %6.0f  %5.0f  %10.0f  %8.1f  %9.1f  %10.2f\n", chosen ? "*" : " ",
+                    n.at("micro_batch"), n.count("grad_accum") ? n.at("grad_accum") : 1.0, n.at("recomputed_modules"),
+                    n.at("predicted_step_ms"), n.at("predicted_peak_gib"), n.at("predicted_samples_per_s"));
       os << line;
       const size_t why_not = x->reason.find(kNotThePlan);
       if (why_not == std::string::npos) continue;
@@ -327,13 +388,17 @@ std::string format_explain(const PlanResult& r) {
     for (const auto& [rule, which] : passed)
       os << "  more samples/s than the plan, not chosen: " << join(which) << ": " << rule << "\n";
   }
-  os << "recipe: micro-batch " << recipe.batch.micro_batch << ", recompute [" << join(recipe.recompute.modules)
-     << "], fp8 " << recipe.fp8.modules.size() << " patterns, " << recipe.groups.size() << " explicit groups\n";
+  os << "recipe: micro-batch " << recipe.batch.micro_batch << " x grad_accum " << recipe.batch.grad_accum
+     << ", recompute [" << join(recipe.recompute.modules) << "], fp8 " << recipe.fp8.modules.size() << " patterns, "
+     << recipe.groups.size() << " explicit groups\n";
   os << "predicted: step " << fixed(r.predicted.step_ms, 1) << " ms, peak " << fixed(r.predicted.peak_gib, 1)
      << " GiB, " << fixed(r.predicted.samples_per_s, 2) << " samples/s; profiled baseline (batch " << r.baseline_batch
      << "): " << fixed(r.baseline.step_ms, 1) << " ms, " << fixed(r.baseline.peak_gib, 1) << " GiB, "
      << fixed(r.baseline.samples_per_s, 2) << " samples/s ("
      << pct(r.predicted.samples_per_s / r.baseline.samples_per_s) << ")\n";
+  if (r.timed_on)
+    os << "times are " << *r.timed_on << "'s (the profiled GPU); the peak transfers to the target GPU, the time does "
+       << "not\n";
   return os.str();
 }
 

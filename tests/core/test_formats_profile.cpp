@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "formats/json_error.h"
 #include "formats/profile.h"
@@ -77,6 +79,48 @@ TEST_CASE("profile.json's data wait round-trips and is optional (absent: not mea
   CHECK_FALSE(old.batches[0].data_wait_ms.has_value());
   CHECK(old.batches[0].data_wait_ms_samples.empty());
   CHECK(old.batches[1].data_wait_ms.has_value());
+}
+
+TEST_CASE("profile.json's workload and compute capability round-trip and are optional on read", "[formats][profile]") {
+  TempDir dir("profile");
+  Profile p = sample_profile();
+  p.settings.workload = "inference";
+  p.settings.compute_capability = ComputeCapability{8, 9};
+  const std::string path = dir.file("profile.json");
+  write_profile(p, path);
+  const Profile back = read_profile(path);
+  CHECK(back.settings.workload == "inference");
+  REQUIRE(back.settings.compute_capability);
+  CHECK(*back.settings.compute_capability == ComputeCapability{8, 9});
+  CHECK(profile_to_json(back)["settings"]["compute_capability"] == "8.9");
+  CHECK(back.settings.compute_capability->at_least(8, 9));
+  CHECK_FALSE(ComputeCapability{8, 6}.at_least(8, 9));
+  CHECK(ComputeCapability{9, 0}.at_least(8, 9));
+  // A CPU profile has no capability (null); profiles written before the fields are training profiles.
+  p.settings.compute_capability.reset();
+  CHECK(profile_to_json(p)["settings"]["compute_capability"].is_null());
+  json old = profile_to_json(p);
+  old["settings"].erase("workload");
+  old["settings"].erase("compute_capability");
+  const Profile older = parse_profile(old, "old.json");
+  CHECK(older.settings.workload == "train");
+  CHECK_FALSE(older.settings.compute_capability);
+
+  const json good = profile_to_json(sample_profile());
+  for (const auto& [value, reason] : std::vector<std::pair<json, std::string>>{{"8", "major.minor"},
+                                                                               {"8.9.1", "major.minor"},
+                                                                               {" 8.9", "major.minor"},
+                                                                               {"0.9", "major.minor"},
+                                                                               {89, "string"}}) {
+    json j = good;
+    j["settings"]["compute_capability"] = value;
+    const FormatError e = error_of(j);
+    CHECK(e.json_path() == "$.settings.compute_capability");
+    CHECK_THAT(e.reason(), Catch::Contains(reason));
+  }
+  json bad = good;
+  bad["settings"]["workload"] = "serve";
+  CHECK(error_of(bad).json_path() == "$.settings.workload");
 }
 
 TEST_CASE("profile.json reader rejects a bad data wait with the JSON path", "[formats][profile]") {

@@ -217,6 +217,7 @@ TEST_CASE("--fp8 auto picks the measured winners outside the precision-sensitive
 TEST_CASE("several GPUs get communication groups that cover the model", "[tuner][plan][groups]") {
   PlanOptions o = at_batch(32);
   o.world_size = 8;
+  o.global_batch = 32 * 8;  // micro-batch 32 on each GPU
   // The vision tower's backward runs last: as one group its 0.8 GB all-reduce would be exposed whole.
   o.allreduce_gbps = 150;
   const PlanResult r = plan(synthetic(), kSynthetic, o);
@@ -250,6 +251,7 @@ TEST_CASE("a unit's measured all-reduce bytes replace its parameters' when small
           "[tuner][plan][groups]") {
   PlanOptions o = at_batch(32);
   o.world_size = 2;
+  o.global_batch = 32 * 2;
   auto allreduce_ms = [](const PlanResult& r) {
     for (const auto& item : r.recipe.rationale)
       if (item.decision.rfind("groups:", 0) == 0) return item.numbers.at("allreduce_ms");
@@ -412,7 +414,11 @@ TEST_CASE("a CPU profile plans from its estimated peak and this machine's memory
 }
 
 TEST_CASE("plan marks the chosen candidate and says which rule passed over a faster one", "[tuner][plan]") {
-  const PlanResult r = plan(synthetic(), kSynthetic, PlanOptions{});
+  // Any global batch: micro-batches above the profiled 32 are candidates (extrapolated).
+  PlanOptions any;
+  any.allow = {AllowedChange::kGlobalBatch};
+  const PlanResult r = plan(synthetic(), kSynthetic, any);
+  CHECK(r.used.empty());  // the plan is batch 32, the profiled recipe's global batch
   int chosen = 0;
   for (const auto& x : r.recipe.rationale) {
     if (x.decision.rfind("candidate: ", 0) != 0 || !x.numbers.count("chosen")) continue;
@@ -430,10 +436,12 @@ TEST_CASE("plan marks the chosen candidate and says which rule passed over a fas
     rule =
         rule || (x.decision == "micro-batch 32" && x.reason.find("outside the profiled batches") != std::string::npos &&
                  x.reason.find("+2.0%") != std::string::npos);
+  // Keeping global batch 32, those batches are no candidates.
+  CHECK(format_explain(plan(synthetic(), kSynthetic, PlanOptions{})).find("batch 40") == std::string::npos);
   CHECK(rule);
   const std::string text = format_explain(r);
   CHECK(text.find("* = the plan") != std::string::npos);
-  CHECK(text.find("\n  *     32 ") != std::string::npos);
+  CHECK(text.find("\n  *     32      1 ") != std::string::npos);
   CHECK(text.find("more samples/s than the plan, not chosen: batch 36 (43.51), batch 40 (43.81)") != std::string::npos);
   CHECK(text.find("an extrapolated batch is chosen only when it beats the best batch inside the profiled range by "
                   "+2.0%") != std::string::npos);

@@ -130,10 +130,60 @@ TEST_CASE("vlatune plan plans a CPU profile from its estimated peak and this mac
       run_cli({"profile", "--config", "tiny", "--device", "cpu", "--data", "synthetic", "--batch", "2", "--warmup", "0",
                "--timed-steps", "2", "--steps", "1", "--ab-steps", "1", "--out", dir + "/profile"});
   REQUIRE(prof.code == 0);
+  const vlatune::formats::Profile written = vlatune::formats::read_profile(dir + "/profile/profile.json");
+  CHECK(written.settings.workload == "train");
+  CHECK_FALSE(written.settings.compute_capability);  // a CPU has none
   auto r = run_cli({"plan", "--profile", dir + "/profile", "--batch", "2", "--explain", "--out", dir + "/r.json"});
   INFO(r.err);
   REQUIRE(r.code == 0);
   CHECK(r.out.find("this machine's") != std::string::npos);
   CHECK(r.out.find("estimated (a CPU profile measures no device peak)") != std::string::npos);
   CHECK(vlatune::formats::read_recipe(dir + "/r.json").batch.micro_batch == 2);
+}
+
+TEST_CASE("vlatune plan --gpu, --list-gpus, --allow and --global-batch through the command line", "[cli][plan]") {
+  const std::string dir = temp_dir();
+  auto list = run_cli({"plan", "--list-gpus"});
+  REQUIRE(list.code == 0);
+  CHECK(list.out.find("RTX 4090") != std::string::npos);
+  CHECK(list.out.find("A100-80GB") != std::string::npos);
+  auto unknown = run_cli({"plan", "--profile", kProfile, "--explain", "--gpu", "Voodoo 2"});
+  CHECK(unknown.code == vlatune::cli::kExitBadInput);
+  CHECK(unknown.err.find("--gpu: unknown GPU 'Voodoo 2'; known: RTX 3090, RTX 4090") != std::string::npos);
+  auto bad_allow = run_cli({"plan", "--profile", kProfile, "--explain", "--allow", "global-batch,lora"});
+  CHECK(bad_allow.code == vlatune::cli::kExitBadInput);
+  CHECK(bad_allow.err.find("--allow: unknown choice 'lora'") != std::string::npos);
+  auto undivided = run_cli({"plan", "--profile", kProfile, "--explain", "--global-batch", "24", "--batch", "16"});
+  CHECK(undivided.code == vlatune::cli::kExitBadInput);
+  CHECK(undivided.err.find("--batch 16 does not divide --global-batch 24") != std::string::npos);
+  // 30 GiB: global batch 32 does not fit with bf16 moments; the error names the --allow choices that would.
+  auto tight = run_cli({"plan", "--profile", kProfile, "--out", dir + "/r.json", "--memory-budget", "30"});
+  CHECK(tight.code == vlatune::cli::kExitBadInput);
+  CHECK(tight.err.find("--allow optimizer-state would make it fit") != std::string::npos);
+  auto allowed = run_cli(
+      {"plan", "--profile", kProfile, "--out", dir + "/r.json", "--memory-budget", "30", "--allow", "optimizer-state"});
+  INFO(allowed.err);
+  REQUIRE(allowed.code == 0);
+  CHECK(allowed.err.find("plan: optimizer state auto -> int8-blockwise (allowed by --allow optimizer-state)") !=
+        std::string::npos);
+  const auto recipe = vlatune::formats::read_recipe(dir + "/r.json");
+  CHECK(recipe.optimizer.state_dtype == vlatune::formats::StateDtype::kInt8Blockwise);
+  CHECK(recipe.batch.micro_batch * recipe.batch.grad_accum == 32);
+  CHECK(recipe.rationale.at(0).decision == "optimizer state auto -> int8-blockwise");
+  auto a100 = run_cli({"plan", "--profile", kProfile, "--explain", "--gpu", "A100-80GB", "--fp8", "auto"});
+  REQUIRE(a100.code == 0);
+  CHECK(a100.out.find("memory budget 70.8 GiB") != std::string::npos);
+  CHECK(a100.out.find("A100-80GB has compute capability 8.0") != std::string::npos);
+  CHECK(a100.out.find("fp8 0 patterns") != std::string::npos);
+}
+
+TEST_CASE("vlatune plan refuses an inference profile (4), naming the file and the field", "[cli][plan]") {
+  const std::string dir = temp_dir();
+  vlatune::formats::Profile p = vlatune::formats::read_profile(kProfile);
+  p.settings.workload = "inference";
+  vlatune::formats::write_profile(p, dir + "/profile.json");
+  auto r = run_cli({"plan", "--profile", dir, "--out", dir + "/r.json"});
+  CHECK(r.code == vlatune::cli::kExitBadInput);
+  CHECK(r.err.find(dir + "/profile.json: $.settings.workload: \"inference\": plan needs a training profile") !=
+        std::string::npos);
 }

@@ -326,6 +326,7 @@ TEST_CASE("profile --inference times sampled chunks at batch 1 by module: vision
   REQUIRE(r.code == 0);
   const formats::Profile p = formats::read_profile(tmp / "prof/profile.json");
   CHECK_THAT(p.settings.data, Catch::StartsWith("inference: one action chunk per step (batch 1"));
+  CHECK(p.settings.workload == "inference");  // what `vlatune plan` refuses
   REQUIRE(p.batches.size() == 1);
   const formats::BatchProfile& b = p.batches[0];
   CHECK(b.batch == 1);
