@@ -45,6 +45,9 @@ void apply_memory_cap(const torch::Device& device, std::optional<double> gib, st
     throw TrainInputError("--max-memory: " + gib_text(*gib) + " is more than the GPU's " + gib_text(total / kGiB));
   // The caching allocator is set up with CUDA's lazy initialization; the cap comes before the first allocation.
   at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+  // The fraction is checked only when the allocator asks CUDA for more; blocks it already caches (a process that
+  // ran on the device before, as a test binary does) would be reused past the cap, so they go back first.
+  c10::cuda::CUDACachingAllocator::emptyCache();
   c10::cuda::CUDACachingAllocator::setMemoryFraction(*gib * kGiB / total, index);
   log << "memory cap: " << gib_text(*gib) << " of the GPU's " << gib_text(total / kGiB)
       << " (--max-memory; the caching allocator refuses beyond it)\n";

@@ -407,7 +407,8 @@ std::string does_not_fit(const RecomputeStep& step, double budget_gib) {
     if (bo.min_peak_gib < least->min_peak_gib) least = &bo;
   const std::string what =
       least->grad_accum > 1 ? batch_shape(least->batch, least->grad_accum) : "batch " + std::to_string(least->batch);
-  return "--memory-budget: " + fixed(budget_gib, 1) + " GiB is below what " + what +
+  return "memory budget " + fixed(budget_gib, 1) +
+         " GiB (5% of the GPU or of --memory-budget left to the allocator) is below what " + what +
          " needs even recomputing every candidate: " + fixed(least->min_peak_gib, 1) + " GiB (of which " +
          fixed(least->at.other_gib, 1) +
          " GiB do not depend on recompute: parameters, gradients, optimizer state, non-candidate activations)";

@@ -165,9 +165,9 @@ TEST_CASE("--allow optimizer-state takes 8-bit moments only where the plan needs
     PlanOptions stated;
     stated.memory_budget_gib = least - 2;
     const std::string e = input_error_of(stated);
-    CHECK(e.find("--memory-budget: " + formats::fixed(least - 2, 1) +
-                 " GiB is below what micro-batch 1 x "
-                 "grad_accum 32 needs") != std::string::npos);
+    CHECK(e.find("memory budget " + formats::fixed((least - 2) * kDefaultBudgetFraction, 1) + " GiB (5% of the GPU") !=
+          std::string::npos);
+    CHECK(e.find("is below what micro-batch 1 x grad_accum 32 needs") != std::string::npos);
     CHECK(e.find("--allow optimizer-state would make it fit: micro-batch ") != std::string::npos);
     CHECK(e.find("at a predicted peak of ") != std::string::npos);
   }

@@ -55,7 +55,7 @@ TEST_CASE("--optimizer-state int8-blockwise lowers the predicted peak by the mom
   CHECK(delta_gib == Approx(-6.15).margin(0.01));  // 3.35e9 parameters: 12.5 GiB of bf16 moments, 6.3 GiB in 8 bits
 
   // A budget the bf16 state cannot meet at this batch without recomputing more: the 8-bit plan needs less of it.
-  o.memory_budget_gib = full.predicted.peak_gib - 4;
+  o.memory_budget_gib = (full.predicted.peak_gib - 4) / kDefaultBudgetFraction;  // 4 GiB below, as planned
   const PlanResult tight = plan(profile, kSynthetic, o);
   CHECK(*tight.recipe.predicted.peak_gib <= *o.memory_budget_gib);
   CHECK(tight.recipe.recompute.modules == int8.recipe.recompute.modules);

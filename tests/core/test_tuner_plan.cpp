@@ -462,7 +462,8 @@ TEST_CASE("plan rejects impossible budgets and bad flags, naming the flag", "[tu
   SECTION("a budget below what recompute cannot change") {
     o.memory_budget_gib = 20;  // parameters, gradients and AdamW state alone are 25 GiB
     const std::string e = input_error_of(synthetic(), o);
-    CHECK(e.find("--memory-budget: 20.0 GiB is below what batch 32 needs") != std::string::npos);
+    CHECK(e.find("memory budget 19.0 GiB (5% of the GPU or of --memory-budget left to the allocator) is below what "
+                 "batch 32 needs") != std::string::npos);
   }
   SECTION("no budget and no GPU memory in the profile") {
     json j = synthetic_json();

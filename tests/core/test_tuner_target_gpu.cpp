@@ -76,7 +76,7 @@ TEST_CASE("plan --gpu plans another GPU's memory and says which predictions tran
   CHECK(text.find("the peak transfers to the target GPU, the time does not") != std::string::npos);
   SECTION("--memory-budget still wins") {
     o.memory_budget_gib = 40;
-    CHECK(plan(synthetic(), kSynthetic, o).budget_gib == 40);
+    CHECK(plan(synthetic(), kSynthetic, o).budget_gib == Approx(40 * kDefaultBudgetFraction));
   }
   SECTION("an RTX 4090: 24 GB, a budget nothing fits without --allow") {
     o.gpu = "RTX 4090";
@@ -84,7 +84,9 @@ TEST_CASE("plan --gpu plans another GPU's memory and says which predictions tran
       plan(synthetic(), kSynthetic, o);
       FAIL("full fine-tuning at global batch 32 planned in 21.2 GiB with bf16 moments");
     } catch (const PlanInputError& e) {
-      CHECK(std::string(e.what()).find("--memory-budget: 21.2 GiB is below") != std::string::npos);
+      CHECK(std::string(e.what()).find(
+                "memory budget 21.2 GiB (5% of the GPU or of --memory-budget left to the allocator) is below") !=
+            std::string::npos);
     }
   }
   SECTION("an unknown GPU is a bad flag listing the known ones") {
