@@ -149,11 +149,7 @@ static int profile(const ProfileOptions& o, std::ostream& caller_log) {
   driver.set_batch = [&](int64_t batch) {
     if (batch != parts.batch) trainer::open_training_data(parts, topt, batch);
   };
-  driver.optimizer_state_bytes = [&] {
-    int64_t bytes = 0;
-    for (const auto& item : parts.optimizer->state_dict().tensors) bytes += static_cast<int64_t>(item.second.nbytes());
-    return bytes;
-  };
+  driver.optimizer_state_bytes = [&] { return parts.optimizer->state_bytes(); };  // this rank's, when sharded
   if (writer) trainer::make_directories(o.out);
   log << "vlatune profile: " << parts.config_name << " Pi0.5 on " << parts.device << ", " << parts.source->describe()
       << ", batches";

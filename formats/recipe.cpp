@@ -157,12 +157,13 @@ bool operator==(const Rationale& a, const Rationale& b) {
 
 bool operator==(const Recipe& a, const Recipe& b) {
   auto key = [](const Recipe& r) {
-    return std::tie(
-        r.schema, r.model, r.batch.micro_batch, r.batch.grad_accum, r.data.num_images, r.data.trim_text,
-        r.data.trim_multiple, r.model_options.skip_dead, r.model_options.attention, r.model_options.attention_backend,
-        r.model_options.precision, r.model_options.cuda_graph_step, r.recompute.modules, r.fp8.scaling, r.fp8.modules,
-        r.optimizer.state_dtype, r.distributed.world_size, r.distributed.reduce_dtype, r.tuned_on.gpu, r.tuned_on.torch,
-        r.tuned_on.profile, r.predicted.step_ms, r.predicted.peak_gib, r.predicted.samples_per_s, r.rationale);
+    return std::tie(r.schema, r.model, r.batch.micro_batch, r.batch.grad_accum, r.data.num_images, r.data.trim_text,
+                    r.data.trim_multiple, r.model_options.skip_dead, r.model_options.attention,
+                    r.model_options.attention_backend, r.model_options.precision, r.model_options.cuda_graph_step,
+                    r.recompute.modules, r.fp8.scaling, r.fp8.modules, r.optimizer.state_dtype,
+                    r.distributed.world_size, r.distributed.reduce_dtype, r.distributed.shard_optimizer_state,
+                    r.tuned_on.gpu, r.tuned_on.torch, r.tuned_on.profile, r.predicted.step_ms, r.predicted.peak_gib,
+                    r.predicted.samples_per_s, r.rationale);
   };
   if (key(a) != key(b) || a.groups.size() != b.groups.size()) return false;
   for (size_t i = 0; i < a.groups.size(); ++i) {
@@ -209,11 +210,12 @@ Recipe parse_recipe(const nlohmann::json& j, const std::string& file) {
     }
   }
   if (auto v = root.find("distributed")) {
-    v->expect_object({"world_size", "reduce_dtype"});
+    v->expect_object({"world_size", "reduce_dtype", "shard_optimizer_state"});
     if (auto w = v->find("world_size")) r.distributed.world_size = get_size(*w);
     if (auto d = v->find("reduce_dtype")) {
       r.distributed.reduce_dtype = d->get_enum({"bf16", "fp32"}) == "bf16" ? ReduceDtype::kBf16 : ReduceDtype::kFp32;
     }
+    if (auto b = v->find("shard_optimizer_state")) r.distributed.shard_optimizer_state = b->get_bool();
   }
   if (auto v = root.find("tuned_on")) {
     v->expect_object({"gpu", "torch", "profile"});
@@ -280,6 +282,7 @@ nlohmann::json recipe_to_json(const Recipe& r) {
     out["model_options"]["attention_backend"] = to_string(r.model_options.attention_backend);
   if (r.optimizer.state_dtype != StateDtype::kAuto)
     out["optimizer"] = {{"state_dtype", to_string(r.optimizer.state_dtype)}};
+  if (r.distributed.shard_optimizer_state) out["distributed"]["shard_optimizer_state"] = true;
   return out;
 }
 
@@ -376,6 +379,8 @@ std::vector<std::string> recipe_differences(const Recipe& a, const Recipe& b) {
   // recipe_to_json writes cuda_graph only when on; name it either way.
   ja["model_options"]["cuda_graph"] = a.model_options.cuda_graph_step ? "step" : "off";
   jb["model_options"]["cuda_graph"] = b.model_options.cuda_graph_step ? "step" : "off";
+  ja["distributed"]["shard_optimizer_state"] = a.distributed.shard_optimizer_state;  // written only when true
+  jb["distributed"]["shard_optimizer_state"] = b.distributed.shard_optimizer_state;
   std::vector<std::string> out;
   json_differences(ja, jb, "", out);
   return out;

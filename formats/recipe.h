@@ -91,6 +91,9 @@ struct Recipe {
   struct Distributed {
     int world_size = 1;
     ReduceDtype reduce_dtype = ReduceDtype::kBf16;  // gradient all-reduce dtype
+    // AdamW's state split over the data-parallel ranks (ZeRO-1): each holds 1/world_size of it. Written to JSON
+    // only when true (the default recipe's hash is kept).
+    bool shard_optimizer_state = false;
   };
   // Provenance and prediction: informational, excluded from recipe_hash.
   struct TunedOn {

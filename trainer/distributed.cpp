@@ -389,6 +389,32 @@ std::unique_ptr<ProcessGroup::Pending> ProcessGroup::allreduce_max(at::Tensor& t
   return allreduce_op(impl_.get(), tensor, c10d::ReduceOp::MAX, what);
 }
 
+std::unique_ptr<ProcessGroup::Pending> ProcessGroup::reduce_scatter(at::Tensor& output, at::Tensor& input, bool average,
+                                                                    const std::string& what) {
+  if (average && !supports_average())
+    throw std::logic_error("ProcessGroup::reduce_scatter: the " + impl_->backend + " backend has no AVG");
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    c10d::ReduceScatterOptions options;
+    options.reduceOp = average ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
+    work = impl_->pg->_reduce_scatter_base(output, input, options);
+  } catch (const std::exception& e) {
+    impl_->fail(what, e.what());
+  }
+  return std::make_unique<PendingWork>(impl_.get(), std::move(work), what);
+}
+
+std::unique_ptr<ProcessGroup::Pending> ProcessGroup::allgather(at::Tensor& output, at::Tensor& input,
+                                                               const std::string& what) {
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = impl_->pg->_allgather_base(output, input, c10d::AllgatherOptions());
+  } catch (const std::exception& e) {
+    impl_->fail(what, e.what());
+  }
+  return std::make_unique<PendingWork>(impl_.get(), std::move(work), what);
+}
+
 namespace {
 
 std::unique_ptr<ProcessGroup::Pending> allreduce_coalesced_op(ProcessGroup::Impl* impl,

@@ -129,6 +129,12 @@ class ProcessGroup {
   std::unique_ptr<Pending> allreduce_coalesced_average(std::vector<at::Tensor>& tensors, const std::string& what);
   // Element-wise maximum over ranks, in place, asynchronously (the union of uint8 row masks).
   std::unique_ptr<Pending> allreduce_max(at::Tensor& tensor, const std::string& what);
+  // Sharded optimizer state (trainer/shard_layout.h): `input` holds world-size equal parts; `output` (one part)
+  // receives this rank's part summed (averaged: NCCL's AVG, only where supports_average()) over ranks. One
+  // contiguous tensor each (c10d's _reduce_scatter_base, which Gloo implements as an all-reduce and a copy).
+  std::unique_ptr<Pending> reduce_scatter(at::Tensor& output, at::Tensor& input, bool average, const std::string& what);
+  // Every rank's `input` (one part) concatenated in rank order into `output` (world-size parts).
+  std::unique_ptr<Pending> allgather(at::Tensor& output, at::Tensor& input, const std::string& what);
   // Blocking helpers (the host waits, also on NCCL).
   void allreduce_sum_blocking(at::Tensor& tensor, const std::string& what);
   void broadcast(std::vector<at::Tensor>& tensors, int root, const std::string& what);

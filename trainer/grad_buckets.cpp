@@ -13,6 +13,7 @@
 
 #ifdef VLATUNE_HAVE_NCCL
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -108,6 +109,13 @@ struct GradBuckets::State {
   at::ScalarType reduce_dtype = at::kBFloat16;
   GradBucketsOptions options;
   bool cuda = false;
+  // Sharded (grad_buckets.h "sharded").
+  bool scatter = false;                   // reduced by reduce-scatter
+  std::vector<ParamRange> ranges;         // per parameter: this rank's
+  std::vector<char> in_group;             // per parameter
+  std::vector<int64_t> layout_offset;     // per parameter: its first element in its group's shard layout
+  std::vector<at::Tensor> shard_grad;     // per group (scatter): this rank's shard of the mean, in the reduce dtype
+  std::vector<at::Tensor> scatter_input;  // per group (scatter), per step: the packed gradients
 
   // Per step.
   std::mutex mutex;
@@ -221,8 +229,34 @@ struct GradBuckets::State {
     }
   }
 
+  // The gradient was packed on the comm stream: its memory may be reused once that stream has read it.
+  void release_grad(size_t p) {
+    at::Tensor& grad = params[p].mutable_grad();
+#ifdef VLATUNE_HAVE_NCCL
+    if (cuda) c10::cuda::CUDACachingAllocator::recordStream(grad.storage().data_ptr(), *comm_stream);
+#endif
+    grad.reset();
+  }
+
+  void start_scatter(size_t g) {
+    const ShardLayout& layout = groups[g].shard;
+    at::Tensor input = at::zeros({layout.padded_numel}, params[dense[g].front()].options().dtype(reduce_dtype));
+    for (size_t p : dense[g]) {
+      const at::Tensor& param = params[p];
+      input.narrow(0, layout_offset[p], param.numel()).view(param.sizes()).copy_(param.grad());
+      release_grad(p);
+    }
+    scatter_input[g] = input;
+    pending[g] = pg->reduce_scatter(shard_grad[g], scatter_input[g], pg->supports_average(),
+                                    "reduce-scatter of gradient group '" + groups[g].name + "'");
+  }
+
   void start_dense(size_t g) {
     if (dense[g].empty()) return;
+    if (scatter) {
+      start_scatter(g);
+      return;
+    }
     if (!groups[g].in_place) {
       pack(g);
       pending[g] = start_mean(flat[g], what(g));
@@ -236,7 +270,9 @@ struct GradBuckets::State {
   void finish_dense(size_t g) {
     if (!pending[g]) return;
     pending[g]->wait();  // NCCL: the current stream waits for NCCL's
-    if (!groups[g].in_place) {
+    if (scatter) {
+      complete_mean(shard_grad[g]);
+    } else if (!groups[g].in_place) {
       unpack(g);
     } else {
       for (at::Tensor& grad : in_place[g]) complete_mean(grad);
@@ -377,7 +413,12 @@ GradBuckets::GradBuckets(std::shared_ptr<ProcessGroup> pg,
 
   // Row-sparse parameters, unless their capacity is half their rows or more (then dense is no more traffic).
   std::vector<int64_t> max_rows(s.params.size(), 0);
-  if (options.overlap) {
+  s.scatter = options.shard && (options.shard_reduction == ShardReduction::kReduceScatter ||
+                                (options.shard_reduction == ShardReduction::kAuto && s.pg->backend_name() == "nccl"));
+  s.in_group.assign(s.params.size(), 0);
+  s.layout_offset.assign(s.params.size(), 0);
+  for (const at::Tensor& param : s.params) s.ranges.push_back({0, param.numel()});
+  if (options.overlap && !s.scatter) {
     for (const RowSparseParam& r : options.row_sparse) {
       if (r.param >= s.params.size() || max_rows[r.param] != 0)
         throw std::invalid_argument("gradient buckets: row-sparse parameter index " + std::to_string(r.param) +
@@ -439,9 +480,28 @@ GradBuckets::GradBuckets(std::shared_ptr<ProcessGroup> pg,
     group.dense_bytes = group.numel * element_bytes;
     group.bytes += dense_numel * element_bytes;
     // In place when every dense gradient already has the reduce dtype (a gradient has its parameter's dtype).
-    group.in_place =
-        std::all_of(dense.begin(), dense.end(), [&](size_t p) { return s.params[p].scalar_type() == s.reduce_dtype; });
-    s.flat.push_back(group.in_place || dense.empty()
+    group.in_place = !s.scatter && std::all_of(dense.begin(), dense.end(),
+                                               [&](size_t p) { return s.params[p].scalar_type() == s.reduce_dtype; });
+    if (options.shard) {
+      std::vector<int64_t> numels;
+      for (size_t p : group.params) {
+        if (s.params[p].scalar_type() != s.params[group.params.front()].scalar_type())
+          throw std::invalid_argument("gradient buckets: group '" + group.name + "' mixes parameter dtypes (" +
+                                      s.names[p] + "): its sharded parameters are gathered in one dtype");
+        numels.push_back(s.params[p].numel());
+      }
+      group.shard = shard_layout(numels, s.pg->size());
+      for (size_t i = 0; i < group.params.size(); ++i) {
+        const size_t p = group.params[i];
+        s.in_group[p] = 1;
+        s.layout_offset[p] = group.shard.offset[i];
+        s.ranges[p] = shard_range(group.shard, i, numels[i], s.pg->rank());
+      }
+      s.shard_grad.push_back(s.scatter ? at::zeros({group.shard.shard_numel},
+                                                   s.params[group.params.front()].options().dtype(s.reduce_dtype))
+                                       : at::Tensor());
+    }
+    s.flat.push_back(group.in_place || dense.empty() || s.scatter
                          ? at::Tensor()
                          : at::zeros({dense_numel}, s.params[dense.front()].options().dtype(s.reduce_dtype)));
     s.dense.push_back(std::move(dense));
@@ -458,6 +518,7 @@ GradBuckets::GradBuckets(std::shared_ptr<ProcessGroup> pg,
   for (const Group& group : s.groups) s.expected_count.push_back(group.params.size());
   s.pending.resize(s.groups.size());
   s.in_place.resize(s.groups.size());
+  s.scatter_input.resize(s.groups.size());
 
 #ifdef VLATUNE_HAVE_NCCL
   if (s.cuda) s.comm_stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, s.params.front().device().index());
@@ -504,6 +565,7 @@ void GradBuckets::finish() {
       std::fill(s.ready.begin(), s.ready.end(), 0);
       for (auto& p : s.pending) p.reset();
       for (auto& grads : s.in_place) grads.clear();
+      for (auto& input : s.scatter_input) input = at::Tensor();
       for (auto& r : s.row_sparse) {
         r.pending.reset();
         r.mask = r.index = r.values = at::Tensor();
@@ -552,6 +614,51 @@ int GradBuckets::world_size() const {
 
 int GradBuckets::launched_during_backward() const {
   return state_->last_launched_in_backward;
+}
+
+const std::vector<ParamRange>& GradBuckets::ranges() const {
+  return state_->ranges;
+}
+
+bool GradBuckets::whole_gradients() const {
+  return !state_->scatter;
+}
+
+at::Tensor GradBuckets::range_gradient(size_t p) const {
+  const State& s = *state_;
+  const ParamRange r = s.ranges.at(p);
+  if (s.scatter && s.in_group[p]) {
+    const Group& group = s.groups[s.group_of[p]];
+    const int64_t in_shard = s.layout_offset[p] + r.start - s.pg->rank() * group.shard.shard_numel;
+    return s.shard_grad[s.group_of[p]].narrow(0, in_shard, r.length);
+  }
+  const at::Tensor& grad = s.params[p].grad();
+  if (!grad.defined()) return at::zeros({r.length}, s.params[p].options());  // a parameter outside every group
+  return grad.reshape({-1}).narrow(0, r.start, r.length);
+}
+
+void GradBuckets::gather_parameters() {
+  State& s = *state_;
+  if (!s.options.shard) throw std::logic_error("GradBuckets::gather_parameters: the buckets are not sharded");
+  profiler::Scope scope(kCommScopeName, profiler::Phase::kOther);
+  for (size_t g = 0; g < s.groups.size(); ++g) {
+    const Group& group = s.groups[g];
+    const at::TensorOptions options = s.params[group.params.front()].options();
+    const int64_t base = s.pg->rank() * group.shard.shard_numel;
+    at::Tensor mine = at::zeros({group.shard.shard_numel}, options);
+    for (size_t p : group.params) {
+      const ParamRange r = s.ranges[p];
+      if (r.length > 0)
+        mine.narrow(0, s.layout_offset[p] + r.start - base, r.length)
+            .copy_(s.params[p].detach().view({-1}).narrow(0, r.start, r.length));
+    }
+    at::Tensor all = at::empty({group.shard.padded_numel}, options);
+    s.pg->allgather(all, mine, "all-gather of the parameters of group '" + group.name + "'")->wait();
+    for (size_t p : group.params) {
+      at::Tensor param = s.params[p].detach();
+      param.view({-1}).copy_(all.narrow(0, s.layout_offset[p], param.numel()));
+    }
+  }
 }
 
 }  // namespace vlatune::trainer

@@ -49,6 +49,22 @@
 //   report    groups()[i].bytes: the bytes all-reduced per step (dense gradients in the reduce dtype; a row-sparse
 //             parameter as capacity x row bytes plus its uint8 mask), what profile.json's communication section
 //             divides by the NCCL time; dense_bytes: what a dense reduction of the group would move.
+//   sharded   (options.shard: recipe distributed.shard_optimizer_state, ZeRO-1) The optimizer state is split over
+//             the ranks along each group's shard layout (trainer/shard_layout.h); ranges() says which range of each
+//             parameter this rank updates. Two reductions:
+//               reduce-scatter (NCCL): at its launch the group's gradients are packed, in the reduce dtype, into a
+//                 padded buffer of the layout and freed (the packed buffer takes their place until finish()); one
+//                 reduce-scatter leaves this rank's shard of the mean in a buffer of 1/world of the group, half an
+//                 all-reduce's traffic. Row-sparse parameters are reduced densely here. The .grad tensors stay
+//                 undefined: range_gradient() is the mean, and the global norm is summed over the ranks' ranges.
+//               all-reduce (Gloo): the unsharded reduction, unchanged: every .grad holds the whole mean and
+//                 range_gradient() is a view of it. Gloo's own reduce-scatter is an all-reduce followed by a copy
+//                 (the same traffic), and an all-reduce of the unpadded gradients sums every element in the order
+//                 the unsharded run sums it, so a sharded run on the CPU equals the unsharded one bit for bit on any
+//                 number of ranks (a reduce-scatter of the padded layout changes Gloo's ring segments, hence the
+//                 order of the sums over three or more ranks).
+//             After the optimizer has updated this rank's ranges, gather_parameters() all-gathers every group's
+//             parameters in the layout (one collective per group, on the current stream).
 //   profiler  every group's launch runs inside profiler::Scope("<comm>:<group name>") and the final unpack inside
 //             profiler::Scope("<comm>"): the attribution tables count both as "<comm>", profile.json's
 //             communication section keys NCCL time per group by the name (profiler/comm_stats.h).
@@ -63,6 +79,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "trainer/distributed.h"
+#include "trainer/shard_layout.h"
 
 namespace vlatune::trainer {
 
@@ -96,10 +113,19 @@ struct RowSparseParam {
   int64_t max_rows_per_rank = 0;
 };
 
+// How a sharded step reduces the gradients (grad_buckets.h "sharded").
+enum class ShardReduction {
+  kAuto,           // reduce-scatter on NCCL, all-reduce on Gloo
+  kReduceScatter,  // each rank receives its shard of the mean
+  kAllReduce,      // every rank receives the whole mean
+};
+
 struct GradBucketsOptions {
   bool reduce_fp32 = false;                // false: reduced in bf16
   bool overlap = true;                     // false: one bucket, reduced after backward
-  std::vector<RowSparseParam> row_sparse;  // ignored (dense) when !overlap
+  std::vector<RowSparseParam> row_sparse;  // ignored (dense) when !overlap or under a reduce-scatter
+  bool shard = false;                      // optimizer state sharded over the ranks (ZeRO-1)
+  ShardReduction shard_reduction = ShardReduction::kAuto;
 };
 
 class GradBuckets {
@@ -112,6 +138,7 @@ class GradBuckets {
     int64_t dense_bytes = 0;  // numel x element size of the reduce dtype
     bool in_place = false;    // the .grad tensors themselves are all-reduced (reduce dtype == gradient dtype)
     std::vector<size_t> row_sparse;  // parameters (of `params`) reduced by rows
+    ShardLayout shard;               // sharded: `params` in the shard layout (offsets per entry of `params`)
   };
 
   // `named_params`: the trainer's list (names and tensors stay valid for the buckets' lifetime).
@@ -135,6 +162,17 @@ class GradBuckets {
 
   const std::vector<Group>& groups() const;
   int world_size() const;
+
+  // Sharded (options.shard). Per parameter of the named list: the range of it this rank updates (the whole
+  // parameter for one outside every group).
+  const std::vector<ParamRange>& ranges() const;
+  // Whether finish() leaves the whole mean in every .grad (all-reduce) or only this rank's ranges (reduce-scatter).
+  bool whole_gradients() const;
+  // After finish(), until the next step's reductions start: the mean gradient of parameter p's range, 1-D (the
+  // reduce dtype under a reduce-scatter, else the .grad's dtype).
+  at::Tensor range_gradient(size_t p) const;
+  // After this rank's ranges were updated: every group's parameters all-gathered from the ranks that own them.
+  void gather_parameters();
   // Groups whose all-reduce started during the last step's backward (the rest started in finish()).
   int launched_during_backward() const;
 

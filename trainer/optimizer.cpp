@@ -34,7 +34,16 @@ const char* optimizer_state_dtype_name(OptimizerStateDtype state_dtype) {
 }
 
 AdamW::AdamW(std::vector<std::pair<std::string, torch::Tensor>> named_params, AdamWOptions options)
-    : options_(std::move(options)) {
+    : AdamW(std::move(named_params), std::move(options), {}, {}) {}
+
+AdamW::AdamW(std::vector<std::pair<std::string, torch::Tensor>> named_params, AdamWOptions options,
+             std::vector<ParamRange> ranges, ShardedGradients gradients)
+    : options_(std::move(options)), ranges_(std::move(ranges)), sharded_(std::move(gradients)) {
+  if (!ranges_.empty() && ranges_.size() != named_params.size())
+    throw std::invalid_argument("adamw: " + std::to_string(ranges_.size()) + " ranges for " +
+                                std::to_string(named_params.size()) + " parameters");
+  if (!ranges_.empty() && (!sharded_.range_gradient || (!sharded_.whole_gradients && !sharded_.sum_over_ranks)))
+    throw std::invalid_argument("adamw: a sharded optimizer needs its range gradients and a sum over ranks");
   const auto [beta1, beta2] = options_.betas;
   if (!(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1)) {
     throw std::invalid_argument("adamw: betas must be in [0, 1), got (" + std::to_string(beta1) + ", " +
@@ -63,29 +72,46 @@ AdamW::AdamW(std::vector<std::pair<std::string, torch::Tensor>> named_params, Ad
     const auto state_dtype = has_master ? torch::kFloat32 : p.scalar_type();
     const bool int8 =
         options_.state_dtype == OptimizerStateDtype::kInt8Blockwise && p.numel() >= options_.int8_min_numel;
+    // The tensor updates write: the parameter, or this rank's range of it (a 1-D view of its storage).
+    torch::Tensor target = p;
+    if (sharded()) {
+      const ParamRange r = ranges_[names_.size()];
+      if (r.start < 0 || r.length < 0 || r.start + r.length > p.numel() ||
+          (int8 && r.length > 0 && r.start % kernels::kAdamwQuantBlock != 0))
+        throw std::invalid_argument("adamw: the range [" + std::to_string(r.start) + ", " +
+                                    std::to_string(r.start + r.length) + ") of parameter '" + name + "' (" +
+                                    std::to_string(p.numel()) + " elements) is outside it" +
+                                    (int8 ? " or not on a 256-value block of its 8-bit state" : ""));
+      target = p.detach().view({-1}).narrow(0, r.start, r.length);
+    }
     names_.push_back(name);
-    master_.push_back(has_master ? p.detach().to(torch::kFloat32, false, true) : torch::Tensor());
+    master_.push_back(has_master ? target.detach().to(torch::kFloat32, false, true) : torch::Tensor());
     if (int8) {
       // Codes of 0.0 and zero block scales: a fresh state, as the zeros of the full-precision one.
       const kernels::AdamwQuantMaps& maps = kernels::adamw_quant_maps();
-      const auto blocks = kernels::adamw_quant_blocks(p.numel());
-      exp_avg_.push_back(torch::full_like(p, maps.exp_avg_zero, p.options().dtype(torch::kUInt8)));
-      exp_avg_sq_.push_back(torch::full_like(p, maps.exp_avg_sq_zero, p.options().dtype(torch::kUInt8)));
-      exp_avg_absmax_.push_back(torch::zeros({blocks}, p.options().dtype(torch::kFloat32)));
-      exp_avg_sq_absmax_.push_back(torch::zeros({blocks}, p.options().dtype(torch::kFloat32)));
+      const auto blocks = kernels::adamw_quant_blocks(target.numel());
+      exp_avg_.push_back(torch::full_like(target, maps.exp_avg_zero, target.options().dtype(torch::kUInt8)));
+      exp_avg_sq_.push_back(torch::full_like(target, maps.exp_avg_sq_zero, target.options().dtype(torch::kUInt8)));
+      exp_avg_absmax_.push_back(torch::zeros({blocks}, target.options().dtype(torch::kFloat32)));
+      exp_avg_sq_absmax_.push_back(torch::zeros({blocks}, target.options().dtype(torch::kFloat32)));
     } else {
-      exp_avg_.push_back(torch::zeros_like(p, p.options().dtype(state_dtype)));
-      exp_avg_sq_.push_back(torch::zeros_like(p, p.options().dtype(state_dtype)));
+      exp_avg_.push_back(torch::zeros_like(target, target.options().dtype(state_dtype)));
+      exp_avg_sq_.push_back(torch::zeros_like(target, target.options().dtype(state_dtype)));
       exp_avg_absmax_.emplace_back();
       exp_avg_sq_absmax_.emplace_back();
     }
     decay_.push_back(!(options_.no_decay && options_.no_decay(name)));
-    params_.push_back(p);
+    params_.push_back(target);
+    whole_params_.push_back(p);
   }
+  build_groups();
+}
 
+void AdamW::build_groups() {
   // Groups: (decays, dtype, has master, 8-bit state) -> one adamw_step call each, in first-appearance order.
   std::map<std::tuple<bool, int, bool, bool>, size_t> group_of;
   for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].numel() == 0) continue;  // no range of it on this rank
     const bool int8 = exp_avg_absmax_[i].defined();
     const auto key =
         std::make_tuple(bool(decay_[i]), static_cast<int>(params_[i].scalar_type()), master_[i].defined(), int8);
@@ -132,15 +158,36 @@ torch::Tensor AdamW::queue_update(double lr, double max_grad_norm, bool device_s
   if (device_schedule && !schedule_device_.defined())
     throw std::logic_error("adamw: queue_update with a device schedule before write_device_schedule");
 
+  // The gradients in the parameters' dtype: of the whole parameters (unsharded), or of this rank's ranges.
+  auto as_param_dtype = [](const torch::Tensor& g, const torch::Tensor& param) {
+    return g.scalar_type() == param.scalar_type() ? g.contiguous() : g.to(param.scalar_type());
+  };
+  auto whole_grads = [&] {
+    std::vector<torch::Tensor> grads(whole_params_.size());
+    for (size_t i = 0; i < whole_params_.size(); ++i) {
+      const torch::Tensor& g = whole_params_[i].grad();
+      if (g.defined()) grads[i] = as_param_dtype(g, whole_params_[i]);  // undefined: a zero gradient
+    }
+    return grads;
+  };
   std::vector<torch::Tensor> grads(params_.size());
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const torch::Tensor& g = params_[i].grad();
-    if (!g.defined()) continue;  // zero gradient
-    grads[i] = g.scalar_type() == params_[i].scalar_type() ? g.contiguous() : g.to(params_[i].scalar_type());
+  if (!sharded()) {
+    grads = whole_grads();
+  } else {
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (params_[i].numel() > 0) grads[i] = as_param_dtype(sharded_.range_gradient(i), params_[i]);
   }
 
   // Clip coefficient on the device; NaN when the norm is not finite, which the update reads as "skip".
-  torch::Tensor norm = kernels::global_grad_norm(grads).to(device);
+  torch::Tensor norm;
+  if (!sharded() || sharded_.whole_gradients) {
+    norm = kernels::global_grad_norm(sharded() ? whole_grads() : grads).to(device);
+  } else {
+    // Every rank gets the same sum, so every rank clips (or skips) alike.
+    torch::Tensor sum_of_squares = kernels::global_grad_norm(grads).to(device).to(torch::kFloat64).square();
+    sharded_.sum_over_ranks(sum_of_squares);
+    norm = sum_of_squares.sqrt().to(torch::kFloat32);
+  }
   torch::Tensor coef = max_grad_norm > 0 ? (max_grad_norm / (norm + 1e-6)).clamp_max(1.0) : torch::ones_like(norm);
   coef = torch::where(torch::isfinite(norm), coef, std::numeric_limits<double>::quiet_NaN());
 
@@ -206,22 +253,48 @@ StepResult AdamW::finish_update(double lr, double max_grad_norm, const torch::Te
 }
 
 void AdamW::zero_grad() {
-  for (torch::Tensor& p : params_) {
+  for (torch::Tensor& p : whole_params_) {
     if (p.grad().defined()) p.mutable_grad().reset();
   }
 }
 
+std::vector<AdamW::StateEntry> AdamW::state_entries() const {
+  std::vector<StateEntry> out;
+  for (size_t i = 0; i < names_.size(); ++i) {
+    const torch::Tensor& whole = whole_params_[i];
+    const ParamRange range = sharded() ? ranges_[i] : ParamRange{0, whole.numel()};
+    auto add = [&](const std::string& kind, const torch::Tensor& local) {
+      out.push_back({kind + "." + names_[i], local, whole.sizes().vec(), range.start, whole.numel()});
+    };
+    add("exp_avg", exp_avg_[i]);
+    add("exp_avg_sq", exp_avg_sq_[i]);
+    if (master_[i].defined()) add("master", master_[i]);
+    if (exp_avg_absmax_[i].defined()) {
+      // Block scales: one per 256 values, a range's blocks starting at its first value's.
+      const int64_t blocks = kernels::adamw_quant_blocks(whole.numel());
+      const int64_t start = range.start / kernels::kAdamwQuantBlock;
+      out.push_back({"exp_avg_absmax." + names_[i], exp_avg_absmax_[i], {blocks}, start, blocks});
+      out.push_back({"exp_avg_sq_absmax." + names_[i], exp_avg_sq_absmax_[i], {blocks}, start, blocks});
+    }
+  }
+  return out;
+}
+
 OptimizerState AdamW::state_dict() const {
+  if (sharded()) throw std::logic_error("adamw: the state of a sharded optimizer is gathered: state_dict(gather)");
+  return state_dict(RangeGather());
+}
+
+OptimizerState AdamW::state_dict(const RangeGather& gather) const {
   OptimizerState state;
   state.precision = optimizer_precision_name(options_.precision);
-  for (size_t i = 0; i < names_.size(); ++i) {
-    state.tensors.emplace_back("exp_avg." + names_[i], exp_avg_[i]);
-    state.tensors.emplace_back("exp_avg_sq." + names_[i], exp_avg_sq_[i]);
-    if (master_[i].defined()) state.tensors.emplace_back("master." + names_[i], master_[i]);
-    if (exp_avg_absmax_[i].defined()) {
-      state.tensors.emplace_back("exp_avg_absmax." + names_[i], exp_avg_absmax_[i]);
-      state.tensors.emplace_back("exp_avg_sq_absmax." + names_[i], exp_avg_sq_absmax_[i]);
+  for (const StateEntry& e : state_entries()) {
+    if (!sharded()) {
+      state.tensors.emplace_back(e.name, e.local);
+      continue;
     }
+    torch::NoGradGuard no_grad;
+    state.tensors.emplace_back(e.name, gather(e.local.view({-1}), e.start, e.numel).view(e.sizes));
   }
   state.scalars["step"] = static_cast<double>(step_);
   state.scalars["skipped_steps"] = static_cast<double>(skipped_);
@@ -258,21 +331,21 @@ void AdamW::load_state_dict(const OptimizerState& state) {
                                 (theirs_int8 ? "int8-blockwise" : "auto") + "\", this run's is \"" +
                                 (mine_int8 ? "int8-blockwise" : "auto") + "\"");
   }
-  const OptimizerState expected = state_dict();
-  for (const auto& [name, dst] : expected.tensors) {
-    auto it = by_name.find(name);
-    if (it == by_name.end()) throw std::invalid_argument("adamw: load_state_dict: missing tensor '" + name + "'");
+  const std::vector<StateEntry> expected = state_entries();
+  for (const StateEntry& e : expected) {
+    auto it = by_name.find(e.name);
+    if (it == by_name.end()) throw std::invalid_argument("adamw: load_state_dict: missing tensor '" + e.name + "'");
     const torch::Tensor& src = *it->second;
-    if (src.sizes() != dst.sizes() || src.scalar_type() != dst.scalar_type()) {
-      throw std::invalid_argument("adamw: load_state_dict: '" + name + "' is " +
+    if (src.sizes() != at::IntArrayRef(e.sizes) || src.scalar_type() != e.local.scalar_type()) {
+      throw std::invalid_argument("adamw: load_state_dict: '" + e.name + "' is " +
                                   std::string(c10::toString(src.scalar_type())) + " " + c10::str(src.sizes()) +
-                                  ", expected " + std::string(c10::toString(dst.scalar_type())) + " " +
-                                  c10::str(dst.sizes()));
+                                  ", expected " + std::string(c10::toString(e.local.scalar_type())) + " " +
+                                  c10::str(at::IntArrayRef(e.sizes)));
     }
   }
-  if (by_name.size() != expected.tensors.size()) {
+  if (by_name.size() != expected.size()) {
     std::set<std::string> known;
-    for (const auto& entry : expected.tensors) known.insert(entry.first);
+    for (const StateEntry& e : expected) known.insert(e.name);
     for (const auto& entry : state.tensors) {
       if (!known.count(entry.first)) {
         throw std::invalid_argument("adamw: load_state_dict: unexpected tensor '" + entry.first + "'");
@@ -285,9 +358,10 @@ void AdamW::load_state_dict(const OptimizerState& state) {
     }
   }
   torch::NoGradGuard no_grad;
-  for (const auto& [name, dst] : expected.tensors) {
-    torch::Tensor target = dst;  // shares storage with the live state
-    target.copy_(*by_name.at(name));
+  for (const StateEntry& e : expected) {
+    torch::Tensor target = e.local;  // shares storage with the live state
+    const torch::Tensor& src = *by_name.at(e.name);
+    target.copy_(sharded() ? src.reshape({-1}).narrow(0, e.start, target.numel()).view(target.sizes()) : src);
   }
   step_ = static_cast<int64_t>(state.scalars.at("step"));
   skipped_ = static_cast<int64_t>(state.scalars.at("skipped_steps"));

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kernels/adamw.h"
+#include "trainer/shard_layout.h"
 
 namespace vlatune::trainer {
 
@@ -81,11 +82,32 @@ struct OptimizerState {
   std::string precision;  // optimizer_precision_name()
 };
 
+// Where a sharded AdamW (ZeRO-1) reads what lies outside its ranges; trainer/train_step.cpp wires it to the
+// gradient buckets (trainer/grad_buckets.h).
+struct ShardedGradients {
+  // The mean gradient of parameter i's range over the ranks: 1-D, the range's length, fp32 or bf16.
+  std::function<torch::Tensor(size_t i)> range_gradient;
+  // True when every parameter's .grad holds the whole mean gradient (the buckets all-reduced): the global norm is
+  // then taken from them exactly as one unsharded optimizer takes it, bit for bit. False: from this rank's ranges,
+  // their squares summed over the ranks by sum_over_ranks (equal to the unsharded norm up to the order of fp32
+  // additions).
+  bool whole_gradients = false;
+  std::function<void(torch::Tensor& sum_of_squares)> sum_over_ranks;  // in place, 0-d fp64 on the device
+};
+
 class AdamW {
  public:
   // `named_params`: the trainable parameters (the optimizer updates these tensors in place), all on one device,
   // fp32 or bf16, contiguous. Names must be unique.
   AdamW(std::vector<std::pair<std::string, torch::Tensor>> named_params, AdamWOptions options = {});
+  // Sharded over the data-parallel ranks (ZeRO-1, trainer/shard_layout.h): moments and master weights exist, and
+  // updates happen, only for ranges[i] of each flattened parameter i (one range per parameter, length 0 for none;
+  // a range of a parameter with 8-bit state starts on a 256-value block); gradients and the global norm come from
+  // `gradients`. Each update writes this rank's ranges of the parameters: the caller all-gathers them after it.
+  // Which state dtype a parameter gets depends on its whole size, as unsharded.
+  AdamW(std::vector<std::pair<std::string, torch::Tensor>> named_params, AdamWOptions options,
+        std::vector<ParamRange> ranges, ShardedGradients gradients);
+  bool sharded() const { return !ranges_.empty(); }
 
   // Clips to `max_grad_norm` (<= 0: no clipping) and applies one AdamW update at rate `lr`. A parameter without a
   // gradient is updated with a zero gradient (as optax does for the zero gradients of dead parameters).
@@ -108,14 +130,20 @@ class AdamW {
   // Sets every gradient to none (undefined), as torch's zero_grad(set_to_none=true).
   void zero_grad();
 
-  // Live tensors (no copy): write or clone them before the next step.
+  // Live tensors (no copy): write or clone them before the next step. Unsharded only (std::logic_error otherwise).
   OptimizerState state_dict() const;
-  // Restores a state_dict() of an optimizer over the same parameters and precision: every tensor must be
-  // present with the same shape and dtype (the error names it). The parameters themselves are the model's
-  // checkpoint.
+  // The whole state of a sharded optimizer, the same tensors as one unsharded optimizer's state_dict() holds:
+  // `gather(range, start, numel)` returns the 1-D tensor of `numel` elements whose [start, start + range.numel())
+  // is this rank's `range`, assembled from every rank's (a collective: every rank calls state_dict with the same
+  // tensors in the same order). Unsharded: state_dict().
+  using RangeGather = std::function<torch::Tensor(const torch::Tensor& range, int64_t start, int64_t numel)>;
+  OptimizerState state_dict(const RangeGather& gather) const;
+  // Restores a whole state_dict() of an optimizer over the same parameters and precision (sharded or not: a
+  // sharded optimizer keeps its ranges of it): every tensor must be present with the same shape and dtype (the
+  // error names it). The parameters themselves are the model's checkpoint.
   void load_state_dict(const OptimizerState& state);
 
-  // Bytes of the optimizer's own tensors (moments, block scales, master weights).
+  // Bytes of the optimizer's own tensors (moments, block scales, master weights) on this rank.
   int64_t state_bytes() const;
 
   int64_t step_count() const { return step_; }
@@ -137,9 +165,23 @@ class AdamW {
     std::vector<torch::Tensor> exp_avg_absmax, exp_avg_sq_absmax;    // int8 only
   };
 
+  // One state tensor of state_dict(): its local tensor (this rank's range of it when sharded), the whole
+  // tensor's shape, and where the local one lies in the whole, flattened.
+  struct StateEntry {
+    std::string name;
+    torch::Tensor local;
+    std::vector<int64_t> sizes;
+    int64_t start = 0, numel = 0;
+  };
+  std::vector<StateEntry> state_entries() const;
+  void build_groups();
+
   AdamWOptions options_;
   std::vector<std::string> names_;
-  std::vector<torch::Tensor> params_;
+  std::vector<torch::Tensor> params_;  // what an update writes: the parameters, or their ranges (1-D views)
+  std::vector<torch::Tensor> whole_params_;
+  std::vector<ParamRange> ranges_;  // empty: unsharded
+  ShardedGradients sharded_;
   std::vector<torch::Tensor> exp_avg_, exp_avg_sq_, master_;       // master_[i] undefined: no master for i
   std::vector<torch::Tensor> exp_avg_absmax_, exp_avg_sq_absmax_;  // undefined: full-precision moments for i
   std::vector<bool> decay_;

@@ -149,6 +149,9 @@ AppliedRecipe apply_recipe(const formats::Recipe& recipe, const std::string& fil
                                                                                          : formats::ReduceDtype::kBf16;
   out.world_size = context.world_size;
   out.reduce_dtype = formats::to_string(effective.distributed.reduce_dtype);
+  // One process holds the whole state whatever the key says: the recipe is kept as written (a plan for N GPUs
+  // rehearsed on one), and the key takes effect under a launch of several processes.
+  out.shard_optimizer_state = effective.distributed.shard_optimizer_state && context.world_size > 1;
   // A plan's prediction holds for the recipe it planned: an override makes another recipe.
   if (formats::recipe_hash(effective) != formats::recipe_hash(recipe)) effective.predicted = {};
   return out;

@@ -10,7 +10,8 @@
 //   4. recompute   (FQN patterns resolved against the model)                         -> Pi05Impl::set_recompute
 //   5. fp8         (FQN patterns of Linears resolved against the model; scaling)     -> Pi05Impl::set_fp8
 //   6. groups      (FQN patterns resolved; a module in two groups is refused; per-group cuda_graph refused)
-//      distributed (world_size must be 1 = unspecified, or the run's; reduce_dtype; --reduce-dtype)
+//      distributed (world_size must be 1 = unspecified, or the run's; reduce_dtype; --reduce-dtype;
+//                  shard_optimizer_state, which one process ignores)
 //                  -> gradient buckets; per-group reduction during backward turns the merged modulations off
 // The overrides are written into AppliedRecipe::effective, the recipe the run records (RUNDIR/recipe.json, the
 // recipe_hash of run.json): a run with --precision fp32-master over a bf16 recipe is recorded as fp32-master.
@@ -65,9 +66,10 @@ struct AppliedRecipe {
     std::string name;
     std::vector<std::string> modules;  // resolved FQNs
   };
-  std::vector<AppliedGroup> groups;   // gradient buckets; empty: one per named unit (trainer/grad_buckets.h)
-  int world_size = 1;                 // processes of this run
-  std::string reduce_dtype = "bf16";  // gradient all-reduce dtype: "bf16" | "fp32"
+  std::vector<AppliedGroup> groups;    // gradient buckets; empty: one per named unit (trainer/grad_buckets.h)
+  int world_size = 1;                  // processes of this run
+  std::string reduce_dtype = "bf16";   // gradient all-reduce dtype: "bf16" | "fp32"
+  bool shard_optimizer_state = false;  // ZeRO-1 over the ranks (a world of one holds the whole state)
 };
 
 // `file` labels errors (the recipe's path, or "<default recipe>"). `build_model(parameter dtype)` is called once,

@@ -232,11 +232,13 @@ void open_run(Run& run, const TrainOptions& caller, std::ostream& caller_log) {
 
 // ---- step ----
 
-// Rank 0 alone writes checkpoints (every rank holds the same state).
+// Rank 0 alone writes checkpoints (every rank holds the same parameters; a sharded optimizer state is gathered
+// from every rank first).
 std::string save_checkpoint(Run& run, int64_t next_step) {
-  if (!run.writer) return {};
+  if (!run.writer && !run.parts.optimizer->sharded()) return {};
   CheckpointContents ck;
-  ck.optimizer = run.parts.optimizer->state_dict();
+  ck.optimizer = optimizer_state(run.parts);
+  if (!run.writer) return {};
   if (run.ema) ck.ema = run.ema->state();
   ck.state.run_id = run.settings.config.run_id;
   ck.state.next_step = next_step;

@@ -38,6 +38,7 @@ void setup_data_parallel(TrainingParts& parts, const TrainOptions& opt) {
   GradBucketsOptions options;
   options.reduce_fp32 = parts.applied.reduce_dtype == "fp32";
   options.overlap = opt.dist_buckets == "groups";
+  options.shard = parts.applied.shard_optimizer_state;
   // The token embedding's gradient comes from its lookup alone (the LM head is unused): non-zero in at most
   // grad_accum x micro-batch x text length rows per rank.
   for (size_t p = 0; p < names.size(); ++p)
@@ -49,6 +50,21 @@ void setup_data_parallel(TrainingParts& parts, const TrainOptions& opt) {
   } catch (const std::invalid_argument& e) {
     throw TrainInputError(std::string("gradient groups: ") + e.what());
   }
+}
+
+// The optimizer, over this rank's ranges when its state is sharded (created after the buckets, which lay the
+// ranges out, so that no rank ever holds the whole state).
+std::unique_ptr<AdamW> make_optimizer(const TrainingParts& parts, const AdamWOptions& adam) {
+  if (!parts.applied.shard_optimizer_state) return std::make_unique<AdamW>(parts.named_params, adam);
+  GradBuckets* buckets = parts.buckets.get();
+  std::shared_ptr<ProcessGroup> pg = parts.dist;
+  ShardedGradients gradients;
+  gradients.range_gradient = [buckets](size_t i) { return buckets->range_gradient(i); };
+  gradients.whole_gradients = buckets->whole_gradients();
+  gradients.sum_over_ranks = [pg](torch::Tensor& t) {
+    pg->allreduce_sum(t, "all-reduce of the squared gradient norm of the ranks' shards")->wait();
+  };
+  return std::make_unique<AdamW>(parts.named_params, adam, buckets->ranges(), std::move(gradients));
 }
 
 }  // namespace
@@ -156,12 +172,17 @@ TrainingParts build_training_parts(const TrainOptions& opt, const formats::Recip
   adam.weight_decay = opt.weight_decay;
   adam.precision = parts.applied.optimizer_precision;
   adam.state_dtype = parts.applied.state_dtype;
-  parts.optimizer = std::make_unique<AdamW>(parts.named_params, adam);
-  if (adam.state_dtype != OptimizerStateDtype::kAuto) {
-    log << "optimizer state: " << optimizer_state_dtype_name(adam.state_dtype) << ", "
-        << static_cast<double>(parts.optimizer->state_bytes()) / 1048576.0 << " MiB\n";
-  }
   if (parts.dist) setup_data_parallel(parts, opt);
+  parts.optimizer = make_optimizer(parts, adam);
+  if (adam.state_dtype != OptimizerStateDtype::kAuto || parts.optimizer->sharded()) {
+    log << "optimizer state: " << optimizer_state_dtype_name(adam.state_dtype) << ", "
+        << static_cast<double>(parts.optimizer->state_bytes()) / 1048576.0 << " MiB";
+    if (parts.optimizer->sharded())
+      log << " on this rank (" << parts.optimizer->state_bytes() << " bytes; sharded over " << parts.dist->size()
+          << " ranks, " << (parts.buckets->whole_gradients() ? "gradients all-reduced" : "gradients reduce-scattered")
+          << ")";
+    log << "\n";
+  }
 
   if (parts.applied.cuda_graph_step) {
     const std::string why = step_graph_unsupported(parts);
@@ -205,11 +226,27 @@ torch::Tensor forward_backward(TrainingParts& parts, const model::Pi05Batch& bat
 
 torch::Tensor queue_optimizer_step(TrainingParts& parts, double lr, double clip_norm, bool device_schedule) {
   profiler::Scope optimizer_scope(kOptimizerScopeName, profiler::Phase::kOptimizer);
-  parts.net->fill_missing_grads();
+  // The buckets zero-fill the gradients they reduce themselves (and a reduce-scatter has freed the packed ones).
+  if (!parts.buckets) parts.net->fill_missing_grads();
   if (parts.buckets) parts.buckets->finish();  // averaged over ranks before clipping
   torch::Tensor norm = parts.optimizer->queue_update(lr, clip_norm, device_schedule);
+  if (parts.optimizer->sharded()) parts.buckets->gather_parameters();  // each rank updated its ranges
   parts.optimizer->zero_grad();
   return norm;
+}
+
+OptimizerState optimizer_state(TrainingParts& parts) {
+  if (!parts.optimizer->sharded()) return parts.optimizer->state_dict();
+  std::shared_ptr<ProcessGroup> pg = parts.dist;
+  // Each rank's range into zeros, summed over the ranks byte by byte: exact (the ranges are disjoint, so every
+  // byte is one rank's value plus zeros) whatever the dtype, also for uint8 codes and -0.0.
+  return parts.optimizer->state_dict([pg](const torch::Tensor& range, int64_t start, int64_t numel) {
+    torch::Tensor whole = torch::zeros({numel}, range.options());
+    whole.narrow(0, start, range.numel()).copy_(range);
+    torch::Tensor bytes = whole.view(torch::kUInt8);
+    pg->allreduce_sum_blocking(bytes, "all-reduce gathering the sharded optimizer state");
+    return whole.cpu();
+  });
 }
 
 model::Pi05Batch next_batch(TrainingParts& parts, int64_t step, int64_t micro, double* wait_ms) {

@@ -100,8 +100,12 @@ model::Pi05Batch next_batch(TrainingParts& parts, int64_t step, int64_t micro, d
 torch::Tensor forward_backward(TrainingParts& parts, const model::Pi05Batch& batch,
                                const model::ForwardOptions& options, int64_t loss_divisor);
 // in the "<optimizer>" scope: missing gradients zero-filled, buckets finished, clip + AdamW queued (with
-// `device_schedule`: scalars from AdamW::write_device_schedule), gradients cleared; returns the norm on the device
-// for AdamW::finish_update.
+// `device_schedule`: scalars from AdamW::write_device_schedule), a sharded optimizer's parameters all-gathered,
+// gradients cleared; returns the norm on the device for AdamW::finish_update.
 torch::Tensor queue_optimizer_step(TrainingParts& parts, double lr, double clip_norm, bool device_schedule);
+
+// The optimizer's whole state, for a checkpoint: a sharded optimizer's gathered from every rank (a collective:
+// every rank calls it), so a checkpoint holds the same tensors sharded or not and resumes on any world size.
+OptimizerState optimizer_state(TrainingParts& parts);
 
 }  // namespace vlatune::trainer

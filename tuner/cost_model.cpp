@@ -171,21 +171,27 @@ double adamw_moment_bytes(double numel, double element_bytes, formats::StateDtyp
   return 2 * (numel + 4 * blocks);
 }
 
-double plan_optimizer_state(CostModel& model, formats::StateDtype planned) {
+double plan_optimizer_state(CostModel& model, formats::StateDtype planned, int planned_shards) {
   model.optimizer_delta_gib = 0;
   const formats::Recipe& profiled = model.profile.recipe;
-  if (planned == profiled.optimizer.state_dtype) return 0;
+  const int profiled_shards =
+      profiled.distributed.shard_optimizer_state ? std::max(1, model.profile.environment.world_size) : 1;
+  planned_shards = std::max(1, planned_shards);
+  if (planned == profiled.optimizer.state_dtype && planned_shards == profiled_shards) return 0;
   const std::optional<int64_t> parameter_bytes = model.profile.batches[0].memory.parameter_bytes;
   if (!parameter_bytes || *parameter_bytes <= 0)
-    throw PlanInputError(std::string("--optimizer-state ") + formats::to_string(planned) +
-                         ": the profile has no parameter bytes (batches[0].memory.parameter_bytes) to size the "
-                         "optimizer state from");
+    throw PlanInputError(std::string("--optimizer-state ") + formats::to_string(planned) + " sharded over " +
+                         std::to_string(planned_shards) +
+                         " GPU(s): the profile has no parameter bytes (batches[0].memory.parameter_bytes) to size "
+                         "the optimizer state from");
   // Parameters are bf16 under precision bf16 and fp32 under fp32-master (the trainer's model dtype on the GPU).
   const double element_bytes = profiled.model_options.precision == formats::Precision::kBf16 ? 2 : 4;
   const double numel = static_cast<double>(*parameter_bytes) / element_bytes;
-  model.optimizer_delta_gib = (adamw_moment_bytes(numel, element_bytes, planned) -
-                               adamw_moment_bytes(numel, element_bytes, profiled.optimizer.state_dtype)) /
-                              kGiB;
+  // A sharded state: each GPU holds its 1/N (trainer/shard_layout.h; the padding to 256-value blocks is noise).
+  model.optimizer_delta_gib =
+      (adamw_moment_bytes(numel, element_bytes, planned) / planned_shards -
+       adamw_moment_bytes(numel, element_bytes, profiled.optimizer.state_dtype) / profiled_shards) /
+      kGiB;
   return model.optimizer_delta_gib;
 }
 

@@ -105,10 +105,13 @@ struct CostModel {
 // precision; they are counted as 8-bit here (norm scales and biases: under a MiB for Pi0.5).
 double adamw_moment_bytes(double numel, double element_bytes, formats::StateDtype state_dtype);
 
-// Prices `planned` against the profiled recipe's optimizer.state_dtype: sets model.optimizer_delta_gib from the
-// profile's parameter bytes (memory.parameter_bytes of batches[0], in the profiled precision's dtype) and returns
-// it. Throws PlanInputError when the state changes and the profile has no parameter bytes.
-double plan_optimizer_state(CostModel& model, formats::StateDtype planned);
+// Prices `planned` moments, held by each GPU as 1/`planned_shards` of them (recipe
+// distributed.shard_optimizer_state: the world size, else 1), against the profiled recipe's optimizer.state_dtype
+// and sharding (its distributed.shard_optimizer_state over the profile's environment.world_size): sets
+// model.optimizer_delta_gib from the profile's parameter bytes (memory.parameter_bytes of batches[0], in the
+// profiled precision's dtype) and returns it. Throws PlanInputError when the state changes and the profile has no
+// parameter bytes.
+double plan_optimizer_state(CostModel& model, formats::StateDtype planned, int planned_shards = 1);
 
 // A module row that is not a module ("<optimizer>", "<data>", ...).
 bool is_pseudo_row(const formats::ModuleCost& row);

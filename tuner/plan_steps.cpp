@@ -289,7 +289,10 @@ FitStep fit_step(const PlanInputs& in) {
   out.model = build_cost_model(in.profile, in.file, in.options.recompute_candidates);
   const formats::StateDtype profiled_state = in.profile.recipe.optimizer.state_dtype;
   const formats::StateDtype state_dtype = planned_state_dtype(in);
-  const double state_delta_gib = plan_optimizer_state(out.model, state_dtype);  // before pricing: `priced` copies it
+  // The recipe keeps the profiled sharding (base_recipe): over the planned world size.
+  const int shards = in.profile.recipe.distributed.shard_optimizer_state ? in.options.world_size : 1;
+  const double state_delta_gib =
+      plan_optimizer_state(out.model, state_dtype, shards);  // before pricing: `priced` copies it
   out.priced = price_gemm_units(in, out.model);
   const CostModel& m = out.model;
   const formats::BatchProfile& b0 = in.profile.batches[0];

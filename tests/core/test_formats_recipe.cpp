@@ -43,6 +43,7 @@ Recipe full_recipe() {
   r.optimizer.state_dtype = StateDtype::kInt8Blockwise;
   r.distributed.world_size = 8;
   r.distributed.reduce_dtype = ReduceDtype::kFp32;
+  r.distributed.shard_optimizer_state = true;
   r.tuned_on.gpu = "NVIDIA H200";
   r.tuned_on.torch = "2.11.0+cu130";
   r.tuned_on.profile = "runs/p/profile.json";
@@ -309,6 +310,27 @@ TEST_CASE("optimizer.state_dtype is written only when not auto, changes the hash
              Catch::Equals("recipe.json: $.optimizer.state_dtype: expected one of \"auto\", \"int8-blockwise\", got "
                            "string \"int8\""));
   CHECK(error_of(R"({"optimizer": {"state": "int8-blockwise"}})").json_path() == "$.optimizer.state");
+}
+
+TEST_CASE("distributed.shard_optimizer_state is written only when true, changes the hash and is named as a difference",
+          "[formats][recipe]") {
+  const Recipe sharded =
+      parse_recipe(json::parse(R"({"distributed": {"world_size": 4, "shard_optimizer_state": true}})"), "r.json");
+  CHECK(sharded.distributed.shard_optimizer_state);
+  CHECK(recipe_to_json(sharded)["distributed"]["shard_optimizer_state"] == true);
+  CHECK(parse_recipe(recipe_to_json(sharded), "r.json") == sharded);
+  Recipe unsharded = sharded;
+  unsharded.distributed.shard_optimizer_state = false;
+  CHECK(recipe_hash(sharded) != recipe_hash(unsharded));
+  CHECK_FALSE(recipe_to_json(unsharded)["distributed"].contains("shard_optimizer_state"));
+  CHECK(recipe_differences(unsharded, sharded) ==
+        std::vector<std::string>{"distributed.shard_optimizer_state: false vs true"});
+
+  const Recipe explicit_false =
+      parse_recipe(json::parse(R"({"distributed": {"shard_optimizer_state": false}})"), "r.json");
+  CHECK(recipe_hash(explicit_false) == recipe_hash(Recipe{}));
+  CHECK_THAT(error_of(R"({"distributed": {"shard_optimizer_state": "yes"}})").what(),
+             Catch::StartsWith("recipe.json: $.distributed.shard_optimizer_state: expected true or false"));
 }
 
 TEST_CASE("model_options.attention_backend reads every backend, is written only when set, and enters the hash",

@@ -74,3 +74,26 @@ TEST_CASE("Planning another optimizer state needs the profile's parameter bytes"
   CHECK_THROWS_WITH(plan(profile, "profile.json", o), Catch::Contains("--optimizer-state int8-blockwise") &&
                                                           Catch::Contains("batches[0].memory.parameter_bytes"));
 }
+
+TEST_CASE("A sharded optimizer state counts 1/N of the moments per GPU, against the profile's own sharding",
+          "[tuner][optimizer][zero]") {
+  CostModel m;
+  m.profile = formats::read_profile(kSynthetic);
+  REQUIRE_FALSE(m.profile.recipe.distributed.shard_optimizer_state);
+  const double numel = static_cast<double>(*m.profile.batches[0].memory.parameter_bytes) / 2;  // bf16 parameters
+  const double moments_gib = 2 * 2 * numel / kGiB;
+  CHECK(plan_optimizer_state(m, formats::StateDtype::kAuto, 1) == 0);
+  CHECK(plan_optimizer_state(m, formats::StateDtype::kAuto, 4) == Approx(-moments_gib * 3 / 4).epsilon(1e-12));
+  CHECK(m.optimizer_delta_gib == Approx(-moments_gib * 3 / 4).epsilon(1e-12));
+  const double int8_gib = 2 * (numel + 4 * std::ceil(numel / 256)) / kGiB;
+  CHECK(plan_optimizer_state(m, formats::StateDtype::kInt8Blockwise, 2) ==
+        Approx(int8_gib / 2 - moments_gib).epsilon(1e-12));
+
+  // Profiled with the state sharded over its 2 processes: that is what its peak holds.
+  m.profile.recipe.distributed.shard_optimizer_state = true;
+  m.profile.environment.world_size = 2;
+  CHECK(plan_optimizer_state(m, formats::StateDtype::kAuto, 2) == 0);
+  CHECK(plan_optimizer_state(m, formats::StateDtype::kAuto, 1) == Approx(moments_gib / 2).epsilon(1e-12));
+  CHECK(plan_optimizer_state(m, formats::StateDtype::kAuto, 8) ==
+        Approx(moments_gib / 8 - moments_gib / 2).epsilon(1e-12));
+}

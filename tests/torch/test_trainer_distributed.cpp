@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
+#include "dist_test_util.h"
 #include "temp_dir.h"
 
 #include <netinet/in.h>
@@ -25,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iomanip>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -39,42 +41,20 @@
 #include "trainer/data_source.h"
 #include "trainer/distributed.h"
 #include "trainer/grad_buckets.h"
+#include "trainer/optimizer.h"
 #include "trainer/recipe_apply.h"
 
 namespace {
 
+using vlatune::test::free_port;
+using vlatune::test::load_weights;
+using vlatune::test::read_text;
+using vlatune::test::run_vlatune;
+using vlatune::test::self_exe;
 using vlatune::trainer::DistEnv;
 
 std::string temp_dir(const std::string& tag) {
   return vlatune::test::make_temp_dir("dist_" + tag);
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string self_exe() {
-  std::vector<char> buf(PATH_MAX + 1, '\0');
-  const ssize_t n = ::readlink("/proc/self/exe", buf.data(), PATH_MAX);
-  REQUIRE(n > 0);
-  return std::string(buf.data(), static_cast<size_t>(n));
-}
-
-// A TCP port free right now on the loopback interface (the kernel picks it), so parallel runs do not collide.
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  ::close(fd);
-  return ntohs(addr.sin_port);
 }
 
 // Runs this test binary's hidden worker case as `world` ranks with torchrun's variables; returns exit codes.
@@ -143,12 +123,12 @@ struct TinySetup {
   std::unique_ptr<vlatune::trainer::DataSource> source;
   std::vector<std::pair<std::string, torch::Tensor>> named;
   vlatune::model::ForwardOptions forward;
-  TinySetup() {
-    net = vlatune::model::Pi05(cfg, torch::kCPU, torch::kFloat32);
+  explicit TinySetup(torch::Device device = torch::kCPU) {
+    net = vlatune::model::Pi05(cfg, device, torch::kFloat32);
     vlatune::model::init_weights(*net, 5);
     vlatune::trainer::LoaderOptions loader;
     loader.workers = 1;
-    source = vlatune::trainer::open_data_source("synthetic", cfg, 2, 5, torch::kCPU, loader);
+    source = vlatune::trainer::open_data_source("synthetic", cfg, 2, 5, device, loader);
     for (const auto& item : net->named_parameters()) named.emplace_back(item.key(), item.value());
     forward = vlatune::trainer::apply_recipe(vlatune::formats::Recipe{}, "<defaults>", *net).forward;
   }
@@ -164,21 +144,6 @@ struct TinySetup {
     return out;
   }
 };
-
-// A guard against a hang (not a timing check): coreutils' timeout signals the whole process group, so the ranks
-// that `vlatune launch` started go too, instead of spinning on after the case failed.
-int run_vlatune(const std::string& args, const std::string& log) {
-  const std::string cmd = "timeout -k 10 300 " + std::string(VLATUNE_BINARY) + " " + args + " > " + log + " 2>&1";
-  const int rc = std::system(cmd.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
-}
-
-std::map<std::string, torch::Tensor> load_weights(const std::string& path) {
-  auto f = vlatune::model::SafetensorsFile::open(path);
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& e : f.entries()) out[e.name] = f.tensor(e.name);
-  return out;
-}
 
 void require_close(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b,
                    double atol) {
@@ -446,6 +411,10 @@ TEST_CASE("distributed worker (run by the two-process cases)", "[.dist-worker]")
   REQUIRE(out_env != nullptr);
   const std::string mode = mode_env, out = out_env;
   auto env = vlatune::trainer::dist_env_from_process();
+  if (!env && mode == "gpu-scatter") {  // a world of one (one GPU): the launch variables say "one process"
+    env = DistEnv{};
+    env->master_port = std::stoi(std::getenv("MASTER_PORT"));
+  }
   REQUIRE(env.has_value());
   torch::Device device = torch::kCPU;
   if (mode.rfind("gpu", 0) == 0) {
@@ -651,6 +620,47 @@ TEST_CASE("distributed worker (run by the two-process cases)", "[.dist-worker]")
     return;
   }
 
+  if (mode == "scatter" || mode == "gpu-scatter") {
+    // The sharded step as NCCL runs it (a reduce-scatter, the norm summed over the ranks' ranges), here over Gloo,
+    // against the unsharded step from the same start: three steps of the tiny model without clipping, on
+    // micro-batches step * world + rank; each run's parameters, gradient norms and optimizer state bytes saved.
+    const int world = pg->size();
+    for (const bool shard : {false, true}) {
+      TinySetup tiny(device);
+      std::vector<std::string> names;
+      for (const auto& [name, p] : tiny.named) names.push_back(name);
+      const auto assignment = vlatune::trainer::assign_parameters(
+          names, vlatune::trainer::default_group_modules(vlatune::trainer::module_fqns(*tiny.net)));
+      GradBucketsOptions options;
+      options.shard = shard;
+      options.shard_reduction = vlatune::trainer::ShardReduction::kReduceScatter;
+      GradBuckets buckets(pg, tiny.named, assignment, options);
+      vlatune::trainer::ShardedGradients gradients;
+      gradients.range_gradient = [&](size_t i) { return buckets.range_gradient(i); };
+      gradients.whole_gradients = buckets.whole_gradients();
+      gradients.sum_over_ranks = [&](torch::Tensor& t) { pg->allreduce_sum(t, "norm")->wait(); };
+      auto optimizer = shard ? vlatune::trainer::AdamW(tiny.named, {}, buckets.ranges(), gradients)
+                             : vlatune::trainer::AdamW(tiny.named, {});
+      std::ostringstream info;
+      info << std::setprecision(17) << "whole " << buckets.whole_gradients() << " bytes " << optimizer.state_bytes();
+      for (int64_t step = 0; step < 3; ++step) {
+        buckets.arm_last_backward();
+        tiny.backward(step * world + rank);
+        buckets.finish();
+        const auto result = optimizer.step(1e-3, /*max_grad_norm=*/0.0);
+        if (shard) buckets.gather_parameters();
+        optimizer.zero_grad();
+        info << " norm " << result.grad_norm;
+      }
+      std::vector<torch::Tensor> params;
+      for (const auto& [name, p] : tiny.named) params.push_back(p.detach().cpu().clone());
+      const std::string tag = shard ? "sharded" : "whole";
+      torch::save(params, out + "/" + tag + std::to_string(rank) + ".pt");
+      save_info(tag, info.str());
+    }
+    return;
+  }
+
   // mode == "buckets": steps 0 and 1 on micro-batches step * 2 + rank, through GradBuckets (fp32, overlap),
   // then step 2 with one bucket after backward (fp32); gradients saved per step.
   TinySetup tiny;
@@ -834,6 +844,71 @@ TEST_CASE("Row-sparse all-reduce over Gloo: too many rows for the capacity fail 
     CHECK_THAT(info, Catch::Contains("check: " + error));
   }
 }
+
+TEST_CASE("Sharded AdamW through a reduce-scatter over Gloo: the unsharded parameters bit for bit, 1/2 of the state",
+          "[distributed][gloo][zero]") {
+  const std::string dir = temp_dir("scatter");
+  const auto codes = run_workers(2, "scatter", dir);
+  INFO(worker_logs(dir, 2));
+  REQUIRE(codes == std::vector<int>{0, 0});
+  // Each info file: "whole W bytes B norm n0 norm n1 norm n2".
+  auto fields = [&](const std::string& file) {
+    std::istringstream in(read_text(dir + "/" + file));
+    std::string word;
+    std::vector<double> values;
+    while (in >> word) {
+      double v = 0;
+      in >> v;
+      values.push_back(v);
+    }
+    return values;
+  };
+  int64_t sharded_bytes = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string r = std::to_string(rank);
+    std::vector<torch::Tensor> whole, sharded;
+    torch::load(whole, dir + "/whole" + r + ".pt");
+    torch::load(sharded, dir + "/sharded" + r + ".pt");
+    // Two ranks sum each element in one order whatever the collective (a + b == b + a), and without clipping the
+    // norm does not enter the update: the parameters are the unsharded ones exactly, on both ranks.
+    require_equal_lists(sharded, whole, "rank " + r);
+    const auto w = fields("whole" + r + ".txt"), s = fields("sharded" + r + ".txt");
+    REQUIRE(w.size() == 5);
+    REQUIRE(s.size() == 5);
+    CHECK(w[0] == 1);  // the unsharded buckets leave whole gradients
+    CHECK(s[0] == 0);  // the reduce-scatter leaves this rank's ranges
+    // The norm from the ranks' ranges: the same sum of squares in another order of fp32 additions.
+    for (size_t i = 2; i < 5; ++i) CHECK(s[i] == Approx(w[i]).epsilon(1e-6));
+    sharded_bytes += static_cast<int64_t>(s[1]);
+    // Each rank holds half of the state, give or take the layout's padding: under 256 values per parameter and
+    // per group (fewer than 10), fp32 moments.
+    const double padding_bytes = 2.0 * 4 * 256 * static_cast<double>(TinySetup().named.size() + 10);
+    CHECK(std::abs(s[1] - w[1] / 2) <= padding_bytes);
+  }
+  CHECK(sharded_bytes == static_cast<int64_t>(fields("whole0.txt")[1]));  // the ranges partition every parameter
+}
+
+#endif  // VLATUNE_HAVE_GLOO
+
+// GPU (NCCL; one GPU runs it as a world of one, which still takes the reduce-scatter, the norm over ranks and the
+// all-gather on the device): the sharded step against the unsharded one from the same start, without clipping.
+TEST_CASE("Sharded AdamW through a reduce-scatter on the GPU (NCCL) gives the unsharded parameters",
+          "[.gpu][distributed][zero]") {
+  const int world = torch::cuda::device_count() >= 2 ? 2 : 1;
+  const std::string dir = temp_dir("gpu-scatter");
+  const auto codes = run_workers(world, "gpu-scatter", dir);
+  INFO(worker_logs(dir, world));
+  REQUIRE(codes == std::vector<int>(static_cast<size_t>(world), 0));
+  for (int rank = 0; rank < world; ++rank) {
+    std::vector<torch::Tensor> whole, sharded;
+    torch::load(whole, dir + "/whole" + std::to_string(rank) + ".pt");
+    torch::load(sharded, dir + "/sharded" + std::to_string(rank) + ".pt");
+    // NCCL's AVG over one or two ranks sums in one order whatever the collective: expected bit for bit.
+    require_equal_lists(sharded, whole, "rank " + std::to_string(rank));
+  }
+}
+
+#ifdef VLATUNE_HAVE_GLOO
 
 TEST_CASE("A rank that dies makes the other fail with a clear error instead of hanging", "[distributed][gloo]") {
   const std::string dir = temp_dir("die");
