@@ -69,6 +69,49 @@ void parse_model_options(const JsonCursor& c, Recipe::ModelOptions& m) {
   if (auto v = c.find("cuda_graph")) m.cuda_graph_step = v->get_enum({"off", "step"}) == "step";
 }
 
+void parse_freeze(const JsonCursor& c, Recipe::Freeze& f) {
+  c.expect_object({"presets", "modules"});
+  if (auto v = c.find("presets")) {
+    const size_t n = v->expect_array();
+    for (size_t i = 0; i < n; ++i) {
+      const JsonCursor e = v->element(i);
+      const FreezePreset preset = e.get_enum({"freeze_vision_encoder", "train_expert_only"}) == "train_expert_only"
+                                      ? FreezePreset::kTrainExpertOnly
+                                      : FreezePreset::kFreezeVisionEncoder;
+      if (std::find(f.presets.begin(), f.presets.end(), preset) != f.presets.end())
+        e.fail(std::string("duplicate preset \"") + to_string(preset) + "\"");
+      f.presets.push_back(preset);
+    }
+  }
+  if (auto m = c.find("modules")) f.modules = parse_patterns(*m);
+}
+
+void parse_lora(const JsonCursor& c, Recipe::Lora& l) {
+  c.expect_object({"preset", "targets"});
+  if (auto v = c.find("preset"); v && !v->is_null()) {
+    v->get_enum({"openpi"});
+    l.preset = LoraPreset::kOpenpi;
+  }
+  if (auto v = c.find("targets")) {
+    const size_t n = v->expect_array();
+    for (size_t i = 0; i < n; ++i) {
+      const JsonCursor t = v->element(i);
+      t.expect_object({"modules", "rank", "alpha"});
+      Recipe::LoraTarget target;
+      const JsonCursor modules = t.at("modules");
+      target.modules = parse_patterns(modules);
+      if (target.modules.empty()) modules.fail("a LoRA target needs at least one module pattern");
+      if (auto r = t.find("rank")) target.rank = get_size(*r);
+      target.alpha = target.rank;
+      if (auto a = t.find("alpha")) {
+        target.alpha = a->get_number(0.0);
+        if (!(target.alpha > 0)) a->fail("expected a finite number > 0, got " + describe_json(a->value()));
+      }
+      l.targets.push_back(std::move(target));
+    }
+  }
+}
+
 void parse_groups(const JsonCursor& c, std::vector<Recipe::Group>& groups) {
   const size_t n = c.expect_array();
   std::map<std::string, std::string> seen;  // name -> path of its first definition
@@ -114,6 +157,25 @@ nlohmann::json optional_to_json(const std::optional<double>& v) {
   return v ? nlohmann::json(*v) : nullptr;
 }
 
+nlohmann::json freeze_json(const Recipe::Freeze& f) {
+  nlohmann::json presets = nlohmann::json::array();
+  for (FreezePreset p : f.presets) presets.push_back(to_string(p));
+  return {{"presets", presets}, {"modules", f.modules}};
+}
+
+nlohmann::json lora_json(const Recipe::Lora& l) {
+  nlohmann::json targets = nlohmann::json::array();
+  for (const auto& t : l.targets) targets.push_back({{"modules", t.modules}, {"rank", t.rank}, {"alpha", t.alpha}});
+  return {{"preset", l.preset ? nlohmann::json(to_string(*l.preset)) : nlohmann::json(nullptr)}, {"targets", targets}};
+}
+
+bool is_default(const Recipe::Freeze& f) {
+  return f.presets.empty() && f.modules.empty();
+}
+bool is_default(const Recipe::Lora& l) {
+  return !l.preset && l.targets.empty();
+}
+
 std::vector<std::string> sorted_unique(std::vector<std::string> v) {
   std::sort(v.begin(), v.end());
   v.erase(std::unique(v.begin(), v.end()), v.end());
@@ -150,6 +212,12 @@ const char* to_string(ReduceDtype v) {
 const char* to_string(StateDtype v) {
   return v == StateDtype::kAuto ? "auto" : "int8-blockwise";
 }
+const char* to_string(FreezePreset v) {
+  return v == FreezePreset::kFreezeVisionEncoder ? "freeze_vision_encoder" : "train_expert_only";
+}
+const char* to_string(LoraPreset) {
+  return "openpi";
+}
 
 bool operator==(const Rationale& a, const Rationale& b) {
   return std::tie(a.decision, a.reason, a.numbers) == std::tie(b.decision, b.reason, b.numbers);
@@ -160,12 +228,19 @@ bool operator==(const Recipe& a, const Recipe& b) {
     return std::tie(r.schema, r.model, r.batch.micro_batch, r.batch.grad_accum, r.data.num_images, r.data.trim_text,
                     r.data.trim_multiple, r.model_options.skip_dead, r.model_options.attention,
                     r.model_options.attention_backend, r.model_options.precision, r.model_options.cuda_graph_step,
-                    r.recompute.modules, r.fp8.scaling, r.fp8.modules, r.optimizer.state_dtype,
-                    r.distributed.world_size, r.distributed.reduce_dtype, r.distributed.shard_optimizer_state,
+                    r.recompute.modules, r.fp8.scaling, r.fp8.modules, r.freeze.presets, r.freeze.modules,
+                    r.lora.preset, r.optimizer.state_dtype, r.distributed.world_size, r.distributed.reduce_dtype,
+                    r.distributed.shard_optimizer_state,
                     r.tuned_on.gpu, r.tuned_on.torch, r.tuned_on.profile, r.predicted.step_ms, r.predicted.peak_gib,
                     r.predicted.samples_per_s, r.rationale);
   };
-  if (key(a) != key(b) || a.groups.size() != b.groups.size()) return false;
+  if (key(a) != key(b) || a.groups.size() != b.groups.size() || a.lora.targets.size() != b.lora.targets.size())
+    return false;
+  for (size_t i = 0; i < a.lora.targets.size(); ++i) {
+    const auto& x = a.lora.targets[i];
+    const auto& y = b.lora.targets[i];
+    if (std::tie(x.modules, x.rank, x.alpha) != std::tie(y.modules, y.rank, y.alpha)) return false;
+  }
   for (size_t i = 0; i < a.groups.size(); ++i) {
     const auto& x = a.groups[i];
     const auto& y = b.groups[i];
@@ -177,8 +252,8 @@ bool operator==(const Recipe& a, const Recipe& b) {
 Recipe parse_recipe(const nlohmann::json& j, const std::string& file) {
   Recipe r;
   const JsonCursor root(j, file);
-  root.expect_object({"schema", "model", "batch", "data", "model_options", "recompute", "fp8", "groups", "optimizer",
-                      "distributed", "tuned_on", "predicted", "rationale"});
+  root.expect_object({"schema", "model", "batch", "data", "model_options", "recompute", "fp8", "freeze", "lora",
+                      "groups", "optimizer", "distributed", "tuned_on", "predicted", "rationale"});
   if (auto v = root.find("schema")) {
     r.schema = v->get_string();
     if (r.schema != kRecipeSchema) {
@@ -201,6 +276,8 @@ Recipe parse_recipe(const nlohmann::json& j, const std::string& file) {
           s->get_enum({"tensorwise", "delayed"}) == "delayed" ? Fp8Scaling::kDelayed : Fp8Scaling::kTensorwise;
     if (auto m = v->find("modules")) r.fp8.modules = parse_patterns(*m);
   }
+  if (auto v = root.find("freeze")) parse_freeze(*v, r.freeze);
+  if (auto v = root.find("lora")) parse_lora(*v, r.lora);
   if (auto v = root.find("groups")) parse_groups(*v, r.groups);
   if (auto v = root.find("optimizer")) {
     v->expect_object({"state_dtype"});
@@ -283,6 +360,8 @@ nlohmann::json recipe_to_json(const Recipe& r) {
   if (r.optimizer.state_dtype != StateDtype::kAuto)
     out["optimizer"] = {{"state_dtype", to_string(r.optimizer.state_dtype)}};
   if (r.distributed.shard_optimizer_state) out["distributed"]["shard_optimizer_state"] = true;
+  if (!is_default(r.freeze)) out["freeze"] = freeze_json(r.freeze);
+  if (!is_default(r.lora)) out["lora"] = lora_json(r.lora);
   return out;
 }
 
@@ -296,12 +375,21 @@ namespace {
 
 // The part of the canonical JSON that recipe_hash covers: pattern lists sorted and deduplicated, provenance and
 // prediction left out.
-nlohmann::json hashed_json(const Recipe& recipe) {
+Recipe canonical_selection(const Recipe& recipe) {
   Recipe canonical = recipe;
   canonical.recompute.modules = sorted_unique(canonical.recompute.modules);
   canonical.fp8.modules = sorted_unique(canonical.fp8.modules);
+  canonical.freeze.modules = sorted_unique(canonical.freeze.modules);
+  std::sort(canonical.freeze.presets.begin(), canonical.freeze.presets.end());
+  canonical.freeze.presets.erase(std::unique(canonical.freeze.presets.begin(), canonical.freeze.presets.end()),
+                                 canonical.freeze.presets.end());
+  for (auto& t : canonical.lora.targets) t.modules = sorted_unique(t.modules);
   for (auto& g : canonical.groups) g.modules = sorted_unique(g.modules);
-  nlohmann::json j = recipe_to_json(canonical);
+  return canonical;
+}
+
+nlohmann::json hashed_json(const Recipe& recipe) {
+  nlohmann::json j = recipe_to_json(canonical_selection(recipe));
   j.erase("tuned_on");
   j.erase("predicted");
   j.erase("rationale");
@@ -381,6 +469,16 @@ std::vector<std::string> recipe_differences(const Recipe& a, const Recipe& b) {
   jb["model_options"]["cuda_graph"] = b.model_options.cuda_graph_step ? "step" : "off";
   ja["distributed"]["shard_optimizer_state"] = a.distributed.shard_optimizer_state;  // written only when true
   jb["distributed"]["shard_optimizer_state"] = b.distributed.shard_optimizer_state;
+  // freeze and lora are written only when set; compare their full forms when either side has one.
+  const Recipe ca = canonical_selection(a), cb = canonical_selection(b);
+  if (ja.contains("freeze") || jb.contains("freeze")) {
+    ja["freeze"] = freeze_json(ca.freeze);
+    jb["freeze"] = freeze_json(cb.freeze);
+  }
+  if (ja.contains("lora") || jb.contains("lora")) {
+    ja["lora"] = lora_json(ca.lora);
+    jb["lora"] = lora_json(cb.lora);
+  }
   std::vector<std::string> out;
   json_differences(ja, jb, "", out);
   return out;

@@ -8,7 +8,8 @@
 //   recipe.json: $.fp8.modules[3]: '*' inside segment 'layers*' of pattern '...': only a whole segment '*' ...
 // Patterns are only checked for syntax here; whether they match modules is checked against the model with
 //   resolve_patterns(recipe.recompute.modules, module_fqns, file, "$.recompute.modules")
-// (likewise "$.fp8.modules" and "$.groups[g].modules"), so that error carries the same path.
+// (likewise "$.fp8.modules", "$.freeze.modules", "$.lora.targets[t].modules" and "$.groups[g].modules"), so that
+// error carries the same path. Presets are names here; layout/pi05.h says which modules each one selects.
 #pragma once
 
 #include <map>
@@ -36,12 +37,24 @@ enum class ReduceDtype { kBf16, kFp32 };          // "bf16" | "fp32"
 // fp32 absmax per 256 values (kernels/adamw.h).
 enum class StateDtype { kAuto, kInt8Blockwise };  // "auto" | "int8-blockwise"
 
+// Named freezing presets, as LeRobot's Pi0.5 options: "freeze_vision_encoder" (the SigLIP vision tower),
+// "train_expert_only" (all of PaliGemma: vision tower, projector, Gemma 2B language model).
+enum class FreezePreset { kFreezeVisionEncoder, kTrainExpertOnly };
+// Named LoRA presets: "openpi" (openpi's gemma_2b_lora + gemma_300m_lora configs and their freeze filter).
+enum class LoraPreset { kOpenpi };
+
+// openpi's gemma_2b_lora rank; a LoRA target without "rank" gets it, and without "alpha" alpha = rank (scaling 1,
+// as both of openpi's LoRA variants).
+inline constexpr int kLoraDefaultRank = 16;
+
 const char* to_string(Attention v);
 const char* to_string(AttentionBackend v);
 const char* to_string(Precision v);
 const char* to_string(Fp8Scaling v);
 const char* to_string(ReduceDtype v);
 const char* to_string(StateDtype v);
+const char* to_string(FreezePreset v);
+const char* to_string(LoraPreset v);
 
 // One explained decision of the planner, e.g.
 //   {"decision": "recompute paligemma_with_expert.paligemma.model.language_model.layers.*.mlp",
@@ -80,6 +93,22 @@ struct Recipe {
     Fp8Scaling scaling = Fp8Scaling::kTensorwise;
     std::vector<std::string> modules;  // FQN patterns of Linear modules
   };
+  // Parameters of these modules get no gradient and no optimizer state (the union of the presets and the patterns).
+  struct Freeze {
+    std::vector<FreezePreset> presets;  // each at most once
+    std::vector<std::string> modules;   // FQN patterns
+  };
+  // Low-rank adapters on Linears: y = x W^T (+ b) + (alpha / rank) (x A^T) B^T with A [rank, in], B [out, rank];
+  // the Linear's own weight and bias are frozen.
+  struct LoraTarget {
+    std::vector<std::string> modules;  // required, non-empty: FQN patterns of Linear modules
+    int rank = kLoraDefaultRank;       // 1..min(in, out) of every Linear it selects (checked against the model)
+    double alpha = kLoraDefaultRank;   // > 0, finite; absent in the file: = rank
+  };
+  struct Lora {
+    std::optional<LoraPreset> preset;  // expands to its targets and freezing, before `targets`
+    std::vector<LoraTarget> targets;
+  };
   struct Group {
     std::string name;                  // required, unique, e.g. "vision", "layer.3", "heads.in"
     std::vector<std::string> modules;  // required, non-empty: FQN patterns
@@ -110,6 +139,8 @@ struct Recipe {
   ModelOptions model_options;
   Recompute recompute;
   Fp8 fp8;
+  Freeze freeze;  // written to JSON only when not all defaults, as `optimizer` and `lora`
+  Lora lora;
   std::vector<Group> groups;  // empty = the default grouping (one group per named unit)
   Optimizer optimizer;        // written to JSON only when not all defaults (the default recipe's hash is kept)
   Distributed distributed;
@@ -138,8 +169,9 @@ nlohmann::json recipe_to_json(const Recipe& recipe);
 void write_recipe(const Recipe& recipe, const std::string& path);
 
 // A stable identity of what a recipe makes the trainer do: FNV-1a 64 of the compact canonical JSON without
-// tuned_on, predicted and rationale, as 16 lowercase hex digits. The pattern lists of recompute, fp8 and of each
-// group are sorted and deduplicated first (their order does not change the selection); group order is kept.
+// tuned_on, predicted and rationale, as 16 lowercase hex digits. The pattern lists of recompute, fp8, freeze, of
+// each LoRA target and of each group, and the freeze presets, are sorted and deduplicated first (their order does
+// not change the selection); group and LoRA target order is kept.
 // run.json stores it so `vlatune check` can refuse to compare runs of different recipes.
 std::string recipe_hash(const Recipe& recipe);
 

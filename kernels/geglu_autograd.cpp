@@ -100,20 +100,26 @@ struct GegluLinearFn : public torch::autograd::Function<GegluLinearFn> {
     const at::Tensor merged = kept_or_rebuilt(ctx, saved, 3);
     const int64_t out_features = weight.size(0), f = weight.size(1);
     const at::Tensor g = grads[0].reshape({-1, out_features});
-    std::vector<int64_t> act_shape = merged.sizes().vec();
-    act_shape.back() = f;
-    at::Tensor grad_act = at::mm(g, cast_like(weight, g)).view(act_shape);
+    // A frozen weight (or bias) gets no gradient, and then the GeGLU output is not rebuilt for it.
+    const bool want_merged = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1);
+    const bool want_b = bias.defined() && ctx->needs_input_grad(2);
     at::Tensor act;
-    if (geglu_kernel(merged) && grad_act.is_contiguous() && aligned16(grad_act)) {
-      // One kernel: grad_merged, and the GeGLU output written over grad_act (no second forward kernel).
-      result[0] = geglu_bwd(grad_act, merged, grad_act.data_ptr());
-      act = std::move(grad_act);
-    } else {
-      result[0] = geglu_bwd(grad_act, merged);
-      grad_act.reset();
-      act = geglu_fwd(merged);  // recomputed
+    if (want_merged) {
+      std::vector<int64_t> act_shape = merged.sizes().vec();
+      act_shape.back() = f;
+      at::Tensor grad_act = at::mm(g, cast_like(weight, g)).view(act_shape);
+      if (want_w && geglu_kernel(merged) && grad_act.is_contiguous() && aligned16(grad_act)) {
+        // One kernel: grad_merged, and the GeGLU output written over grad_act (no second forward kernel).
+        result[0] = geglu_bwd(grad_act, merged, grad_act.data_ptr());
+        act = std::move(grad_act);
+      } else {
+        result[0] = geglu_bwd(grad_act, merged);
+      }
     }
-    std::tie(result[1], result[2]) = linear_param_grads(g, act.reshape({-1, f}), weight, bias);
+    if (want_w && !act.defined()) act = geglu_fwd(merged);  // recomputed
+    if (want_w || want_b)
+      std::tie(result[1], result[2]) =
+          linear_param_grads(g, want_w ? act.reshape({-1, f}) : at::Tensor(), weight, bias, want_w, want_b);
     return result;
   }
 };

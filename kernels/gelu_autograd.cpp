@@ -81,17 +81,23 @@ struct GeluLinearFn : public torch::autograd::Function<GeluLinearFn> {
     if (!grads[0].defined()) return result;
     const int64_t out_features = weight.size(0), f = weight.size(1);
     const at::Tensor g = grads[0].reshape({-1, out_features});
-    at::Tensor grad_act = at::mm(g, cast_like(weight, g)).view(pre.sizes());
+    // A frozen weight (or bias) gets no gradient, and then the GELU output is not rebuilt for it.
+    const bool want_pre = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1);
+    const bool want_b = bias.defined() && ctx->needs_input_grad(2);
     at::Tensor act;
-    if (gelu_kernel(pre) && grad_act.is_contiguous() && aligned16(grad_act)) {
-      result[0] = gelu_bwd(grad_act, pre, /*rebuild=*/true);  // gelu(pre) over the consumed gradient
-      act = std::move(grad_act);
-    } else {
-      result[0] = at::gelu_backward(grad_act, pre, "tanh");
-      grad_act.reset();
-      act = gelu_ref(pre);
+    if (want_pre) {
+      at::Tensor grad_act = at::mm(g, cast_like(weight, g)).view(pre.sizes());
+      if (want_w && gelu_kernel(pre) && grad_act.is_contiguous() && aligned16(grad_act)) {
+        result[0] = gelu_bwd(grad_act, pre, /*rebuild=*/true);  // gelu(pre) over the consumed gradient
+        act = std::move(grad_act);
+      } else {
+        result[0] = gelu_bwd(grad_act, pre, /*rebuild=*/false);
+      }
     }
-    std::tie(result[1], result[2]) = linear_param_grads(g, act.reshape({-1, f}), weight, bias);
+    if (want_w && !act.defined()) act = gelu_ref(pre);
+    if (want_w || want_b)
+      std::tie(result[1], result[2]) =
+          linear_param_grads(g, want_w ? act.reshape({-1, f}) : at::Tensor(), weight, bias, want_w, want_b);
     return result;
   }
 };

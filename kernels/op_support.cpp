@@ -92,9 +92,10 @@ at::Tensor linear_in_scope(const at::Tensor& act, const at::Tensor& weight, cons
 }
 
 std::pair<at::Tensor, at::Tensor> linear_param_grads(const at::Tensor& g, const at::Tensor& act,
-                                                     const at::Tensor& weight, const at::Tensor& bias) {
-  at::Tensor db = bias.defined() ? bias_grad(g, bias.scalar_type()) : at::Tensor();
-  return {at::mm(g.t(), act).to(weight.scalar_type()), db};
+                                                     const at::Tensor& weight, const at::Tensor& bias, bool want_weight,
+                                                     bool want_bias) {
+  at::Tensor db = bias.defined() && want_bias ? bias_grad(g, bias.scalar_type()) : at::Tensor();
+  return {want_weight ? at::mm(g.t(), act).to(weight.scalar_type()) : at::Tensor(), db};
 }
 
 at::Tensor sum_partials(const at::Tensor& partials, at::ScalarType dtype) {

@@ -57,9 +57,11 @@ at::Tensor linear_in_scope(const at::Tensor& act, const at::Tensor& weight, cons
                            const std::string& scope_fqn);
 
 // The parameter gradients of that GEMM from its output gradient g [rows, N] and input act [rows, K]: dW = g^T act in
-// the weight's dtype, db = bias_grad(g) in the bias's (when the bias is defined).
+// the weight's dtype (when want_weight; act may then be undefined otherwise), db = bias_grad(g) in the bias's (when
+// the bias is defined and want_bias). A frozen parameter (recipe `freeze`, LoRA's base weight) wants none.
 std::pair<at::Tensor, at::Tensor> linear_param_grads(const at::Tensor& g, const at::Tensor& act,
-                                                     const at::Tensor& weight, const at::Tensor& bias);
+                                                     const at::Tensor& weight, const at::Tensor& bias,
+                                                     bool want_weight = true, bool want_bias = true);
 
 // partials [rows, ...] fp32 -> their sum over rows [...] in `dtype`: one column_sums kernel for bf16 and fp32 CUDA
 // tensors, ATen's sum and a cast otherwise.

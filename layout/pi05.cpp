@@ -265,6 +265,26 @@ std::string gemm_inventory_name(const std::vector<std::string>& members) {
   return name;
 }
 
+std::vector<std::string> freeze_preset_modules(formats::FreezePreset preset) {
+  if (preset == formats::FreezePreset::kFreezeVisionEncoder) return {kVisionTower};
+  return {kPaliGemma};
+}
+
+LoraPresetSpec lora_preset(formats::LoraPreset) {
+  auto linears = [](const std::string& layer_prefix) {
+    std::vector<std::string> out;
+    for (const char* leaf : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"})
+      out.push_back(layer_prefix + "*." + leaf);
+    return out;
+  };
+  LoraPresetSpec spec;
+  spec.targets.push_back({linears(kPrefixLayerPrefix), 16, 16.0});  // gemma_2b_lora
+  spec.targets.push_back({linears(kExpertLayerPrefix), 32, 32.0});  // gemma_300m_lora
+  spec.frozen = {kLanguageModel, kExpertModel};
+  return spec;
+}
+
 bool row_sparse_gradient(const std::string& param_name) {
   return param_name == kEmbedTokensWeight;
 }

@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "formats/recipe.h"
+
 namespace vlatune::layout {
 
 // ---- FQNs (openpi PyTorch state-dict names) ----
@@ -22,6 +24,7 @@ inline const std::string kVisionTower = "paligemma_with_expert.paligemma.model.v
 inline const std::string kVisionEmbeddings = kVisionTower + ".vision_model.embeddings";
 inline const std::string kVisionLayerPrefix = kVisionTower + ".vision_model.encoder.layers.";  // + index
 inline const std::string kVisionPostNorm = kVisionTower + ".vision_model.post_layernorm";
+inline const std::string kPaliGemma = "paligemma_with_expert.paligemma";
 inline const std::string kProjector = "paligemma_with_expert.paligemma.model.multi_modal_projector";
 inline const std::string kLanguageModel = "paligemma_with_expert.paligemma.model.language_model";
 inline const std::string kEmbedTokens = kLanguageModel + ".embed_tokens";
@@ -104,6 +107,31 @@ std::vector<std::string> merged_gemm_members(const std::string& linear);
 // The GEMM inventory's name of a GEMM run by `members` (Linear FQNs in output-column order): the FQN of a single
 // Linear; "parent.q_proj+k_proj+v_proj" for members of one parent module; "first+N more" for members of several.
 std::string gemm_inventory_name(const std::vector<std::string>& members);
+
+// ---- Freezing and LoRA presets (recipe `freeze.presets`, `lora.preset`) ----
+// The modules a freezing preset freezes, as LeRobot's Pi0.5 options: freeze_vision_encoder -> the SigLIP vision
+// tower; train_expert_only -> all of PaliGemma (vision tower, projector, language model), so the action expert and
+// the action/time projections train.
+std::vector<std::string> freeze_preset_modules(formats::FreezePreset preset);
+
+struct LoraPresetTarget {
+  std::vector<std::string> modules;  // FQN patterns of Linears
+  int rank = 0;
+  double alpha = 0;
+};
+struct LoraPresetSpec {
+  std::vector<LoraPresetTarget> targets;
+  std::vector<std::string> frozen;  // modules whose own parameters the preset freezes (adapters train)
+};
+// openpi: gemma_2b_lora (rank 16, alpha 16) on the language model's attention (q, k, v, o) and MLP (gate, up, down)
+// Linears, gemma_300m_lora (rank 32, alpha 32) on the action expert's, and its freeze filter (every parameter of
+// both Gemma towers but the adapters: embeddings, norms, adaRMS modulations too). The vision tower, the projector
+// and the action/time projections stay trainable.
+LoraPresetSpec lora_preset(formats::LoraPreset preset);
+
+// A LoRA'd Linear's adapter parameters: `<linear>.lora_A` [rank, in] and `<linear>.lora_B` [out, rank].
+inline const std::string kLoraA = "lora_A";
+inline const std::string kLoraB = "lora_B";
 
 // ---- Gradients ----
 // The token embedding's weight: its gradient comes from the lookup alone (the LM head is unused), so it is

@@ -310,13 +310,14 @@ struct Float8GegluLinearFn : public torch::autograd::Function<Float8GegluLinearF
       const at::Tensor grad_act =
           kernels::fp8_mm(gq.data, wt.data_t.t(), gq.inv_scale, wt.inv_scale, merged.scalar_type(), false);
       const CastOutput act = geglu_backward_cast(grad_act, merged2, act_amax, *producer);
-      result[1] = kernels::fp8_mm(gq.data_t, act.data_t.t(), gq.inv_scale, act.inv_scale, grad_dtype(weight), false)
-                      .to(weight.scalar_type());
+      if (ctx->needs_input_grad(1))  // a frozen down_proj gets no weight gradient
+        result[1] = kernels::fp8_mm(gq.data_t, act.data_t.t(), gq.inv_scale, act.inv_scale, grad_dtype(weight), false)
+                        .to(weight.scalar_type());
       // The gate+up GEMM's backward reads pending_grad; autograd still needs a gradient of merged's shape.
       result[0] = at::zeros({}, merged.options()).expand(merged.sizes());
       return result;
     }
-    {
+    if (ctx->needs_input_grad(1)) {
       // The GeGLU output recomputed, cast transposed with the forward's scale; freed after the weight gradient.
       const CastOutput act = geglu_output_t(merged2, mp, act_amax);
       result[1] = kernels::fp8_mm(gq.data_t, act.data_t.t(), gq.inv_scale, act.inv_scale, grad_dtype(weight), false)

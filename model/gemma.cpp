@@ -12,13 +12,30 @@ constexpr double kRopeBase = 10000.0;
 
 // One GEMM over Linears that read the same input: FP8 when any member is FP8 (the choice covers the merged GEMM),
 // else kernels::merged_linear. `rebuild` (optional): filled with how to run the same GEMM again in backward.
+// LoRA adapters of the members add their part (model/layers.h merged_lora_delta), and to the rebuild too.
 torch::Tensor merged_gemm(const torch::Tensor& x, std::initializer_list<const LinearImpl*> members,
                           kernels::MergedRebuild* rebuild = nullptr) {
   std::vector<torch::Tensor> weights;
   for (const LinearImpl* l : members) weights.push_back(l->weight);
-  if (Float8State* fp8 = merged_fp8_state(members)) return float8_linear(x, weights, torch::Tensor(), *fp8, rebuild);
-  if (rebuild != nullptr) *rebuild = kernels::merged_linear_rebuild(x, weights);
-  return kernels::merged_linear(x, weights);
+  torch::Tensor base;
+  if (Float8State* fp8 = merged_fp8_state(members)) {
+    base = float8_linear(x, weights, torch::Tensor(), *fp8, rebuild);
+  } else {
+    if (rebuild != nullptr) *rebuild = kernels::merged_linear_rebuild(x, weights);
+    base = kernels::merged_linear(x, weights);
+  }
+  const torch::Tensor delta = merged_lora_delta(x, members, rebuild);
+  return delta.defined() ? base + delta : base;
+}
+
+// down_proj's adapter on the fused path, from the merged gate+up output: (alpha / rank) (geglu(merged) A^T) B^T,
+// the first GEMM through kernels::geglu_linear so that geglu(merged) is rebuilt in backward, not kept.
+torch::Tensor down_lora(const LinearImpl& down, const torch::Tensor& merged, const kernels::MergedRebuild* rebuild) {
+  profiler::Scope scope(down.fqn());
+  const torch::Tensor z =
+      kernels::geglu_linear(merged, down.lora_A.to(merged.scalar_type()), torch::Tensor(), "", rebuild) *
+      down.lora_scale();
+  return at::linear(z, down.lora_B.to(z.scalar_type()));
 }
 
 std::vector<torch::Tensor> concat(std::vector<torch::Tensor> a, const std::vector<torch::Tensor>& b) {
@@ -68,7 +85,8 @@ torch::Tensor GemmaMLPImpl::forward_merged(const torch::Tensor& x, bool recomput
     if (down_proj->fp8)
       return float8_geglu_linear(merged, down_proj->weight, *down_proj->fp8, down_proj->fqn(), nullptr,
                                  merged_fp8_state({gate_proj.get(), up_proj.get()}));
-    return kernels::geglu_linear(merged, down_proj->weight, torch::Tensor(), down_proj->fqn());
+    auto y = kernels::geglu_linear(merged, down_proj->weight, torch::Tensor(), down_proj->fqn());
+    return down_proj->has_lora() ? y + down_lora(*down_proj, merged, nullptr) : y;
   }
   // The unit `mlp.gate_proj+up_proj`: the GeGLU node keeps what rebuilds the merged output (the GEMM's input, or
   // its FP8 copy, which the GEMM's node keeps anyway) instead of the output, and runs the GEMM again at the start
@@ -83,7 +101,8 @@ torch::Tensor GemmaMLPImpl::forward_merged(const torch::Tensor& x, bool recomput
   if (down_proj->fp8)
     return float8_geglu_linear(merged, down_proj->weight, *down_proj->fp8, down_proj->fqn(), &rebuild,
                                merged_fp8_state({gate_proj.get(), up_proj.get()}));
-  return kernels::geglu_linear(merged, down_proj->weight, torch::Tensor(), down_proj->fqn(), &rebuild);
+  auto y = kernels::geglu_linear(merged, down_proj->weight, torch::Tensor(), down_proj->fqn(), &rebuild);
+  return down_proj->has_lora() ? y + down_lora(*down_proj, merged, &rebuild) : y;
 }
 
 GemmaDecoderLayerImpl::GemmaDecoderLayerImpl(const GemmaConfig& cfg, bool adaptive, int64_t cond_dim,

@@ -1,5 +1,6 @@
 #include "model/layers.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -36,8 +37,104 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias, torch::TensorOpt
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   profiler::Scope scope(fqn());
   if (profiler::scopes_enabled()) profiler::note_gemm({&fqn()}, x.numel() / x.size(-1), weight.size(1), weight.size(0));
-  if (fp8) return float8_linear(x, {weight}, bias, *fp8);
-  return kernels::linear(x, as_dtype_of(weight, x), bias.defined() ? as_dtype_of(bias, x) : torch::Tensor());
+  torch::Tensor y =
+      fp8 ? float8_linear(x, {weight}, bias, *fp8)
+          : kernels::linear(x, as_dtype_of(weight, x), bias.defined() ? as_dtype_of(bias, x) : torch::Tensor());
+  if (has_lora()) y = y + lora_delta(x);
+  return y;
+}
+
+void LinearImpl::add_lora(int64_t rank, double alpha, at::Generator gen) {
+  const int64_t out = weight.size(0), in = weight.size(1);
+  if (has_lora()) throw std::invalid_argument("add_lora: " + fqn() + " already has a LoRA adapter");
+  if (rank < 1 || rank > std::min(in, out))
+    throw std::invalid_argument("add_lora: rank " + std::to_string(rank) + " for " + fqn() + " [" +
+                                std::to_string(out) + ", " + std::to_string(in) + "]: expected 1.." +
+                                std::to_string(std::min(in, out)) + " (the Linear's smaller dimension)");
+  if (!(alpha > 0) || !std::isfinite(alpha))
+    throw std::invalid_argument("add_lora: alpha for " + fqn() + " must be a finite number > 0");
+  torch::NoGradGuard no_grad;
+  const auto options = weight.options().requires_grad(false);
+  torch::Tensor a = torch::empty({rank, in}, options);
+  if (!weight.device().is_meta()) a.normal_(0.0, 0.01, gen);
+  lora_A = register_parameter("lora_A", a);
+  lora_B = register_parameter("lora_B", torch::zeros({out, rank}, options));
+  lora_rank = rank;
+  lora_alpha = alpha;
+  weight.requires_grad_(false);
+  if (bias.defined()) bias.requires_grad_(false);
+}
+
+torch::Tensor LinearImpl::lora_delta(const torch::Tensor& x) const {
+  if (!has_lora()) return torch::Tensor();
+  profiler::Scope scope(fqn());
+  // The scale goes on the [.., rank] intermediate: the smallest tensor of the three.
+  return at::linear(at::linear(x, as_dtype_of(lora_A, x)) * lora_scale(), as_dtype_of(lora_B, x));
+}
+
+namespace {
+// One member of a merged GEMM for the adapters' part: its adapter (a undefined: none), scale and output width.
+struct LoraPart {
+  torch::Tensor a, b;
+  double scale = 0;
+  int64_t out = 0;
+};
+
+torch::Tensor lora_parts_delta(const torch::Tensor& x, const std::vector<LoraPart>& parts) {
+  std::vector<torch::Tensor> columns;
+  for (const LoraPart& p : parts) {
+    if (p.a.defined()) {
+      columns.push_back(at::linear(at::linear(x, as_dtype_of(p.a, x)) * p.scale, as_dtype_of(p.b, x)));
+    } else {
+      std::vector<int64_t> shape = x.sizes().vec();
+      shape.back() = p.out;
+      columns.push_back(torch::zeros(shape, x.options().requires_grad(false)));
+    }
+  }
+  return columns.size() == 1 ? columns[0] : at::cat(columns, -1);
+}
+}  // namespace
+
+torch::Tensor merged_lora_delta(const torch::Tensor& x, std::initializer_list<const LinearImpl*> members,
+                                kernels::MergedRebuild* rebuild) {
+  std::vector<LoraPart> parts;
+  bool any = false;
+  for (const LinearImpl* l : members) {
+    parts.push_back({l->lora_A, l->lora_B, l->has_lora() ? l->lora_scale() : 0.0, l->weight.size(0)});
+    any = any || l->has_lora();
+  }
+  if (!any) return torch::Tensor();
+  torch::Tensor delta = lora_parts_delta(x, parts);
+  if (rebuild != nullptr && rebuild->fn) {
+    // The rebuilt GEMM output must be base + adapters, bit-identical to the forward's: the same ops on the same
+    // tensors. saved: [base..., x, then A and B of each member with an adapter].
+    std::vector<std::pair<double, int64_t>> layout;  // scale (0: no adapter), out per member
+    const size_t base_count = rebuild->saved.size();
+    rebuild->saved.push_back(x.detach());
+    for (const LoraPart& p : parts) {
+      layout.emplace_back(p.a.defined() ? p.scale : 0.0, p.out);
+      if (p.a.defined()) {
+        rebuild->saved.push_back(p.a.detach());
+        rebuild->saved.push_back(p.b.detach());
+      }
+    }
+    rebuild->fn = [base = std::move(rebuild->fn), base_count, layout](const std::vector<torch::Tensor>& saved) {
+      torch::NoGradGuard no_grad;
+      const std::vector<torch::Tensor> base_saved(saved.begin(), saved.begin() + static_cast<int64_t>(base_count));
+      std::vector<LoraPart> rebuilt;
+      size_t next = base_count + 1;
+      for (const auto& [scale, out] : layout) {
+        LoraPart p{torch::Tensor(), torch::Tensor(), scale, out};
+        if (scale != 0.0) {
+          p.a = saved[next++];
+          p.b = saved[next++];
+        }
+        rebuilt.push_back(std::move(p));
+      }
+      return base(base_saved) + lora_parts_delta(saved[base_count], rebuilt);
+    };
+  }
+  return delta;
 }
 
 Float8State* merged_fp8_state(std::initializer_list<const LinearImpl*> members) {

@@ -35,14 +35,34 @@ void assign_fqns(torch::nn::Module& root);
 // y = x W^T (+ b). Weight [out, in] as nn.Linear; cast to the input's dtype when they differ. With `fp8` set
 // (Pi05Impl::set_fp8) the GEMMs run in FP8 (model/float8_linear.h); else kernels::linear (at::linear; on CUDA
 // bf16/fp16 with a bias, its own node whose bias gradient is kernels::bias_grad).
+// With a LoRA adapter (add_lora; model/lora.h): y += (alpha / rank) (x A^T) B^T, two small GEMMs in x's dtype.
 class LinearImpl : public ScopedModule {
  public:
   LinearImpl(int64_t in, int64_t out, bool bias, torch::TensorOptions options);
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor weight, bias;        // bias undefined when built without one
   std::shared_ptr<Float8State> fp8;  // null: bf16 (the compute dtype)
+
+  // Registers the adapter parameters `lora_A` [rank, in] (drawn from N(0, 0.01^2) with `gen`, openpi's LoRA init)
+  // and `lora_B` [out, rank] (zeros, so the output is the base's until B trains), in the weight's dtype and device,
+  // and freezes the weight and bias. Throws std::invalid_argument naming the module when it already has one, or the
+  // rank is not in 1..min(in, out).
+  void add_lora(int64_t rank, double alpha, at::Generator gen);
+  bool has_lora() const { return lora_A.defined(); }
+  double lora_scale() const { return lora_alpha / static_cast<double>(lora_rank); }
+  // (alpha / rank) (x A^T) B^T in x's dtype, in this module's scope; undefined without an adapter.
+  torch::Tensor lora_delta(const torch::Tensor& x) const;
+  torch::Tensor lora_A, lora_B;  // undefined: no adapter
+  int64_t lora_rank = 0;
+  double lora_alpha = 0;
 };
 TORCH_MODULE(Linear);
+
+// The adapters' part of a merged GEMM over `members` that read `x`: [..., sum N_i] in member column order, zeros
+// for the members without an adapter; undefined when none has one. `rebuild` (optional, filled by the base GEMM):
+// extended so that the rebuilt output includes this part (its tensors appended to rebuild->saved).
+torch::Tensor merged_lora_delta(const torch::Tensor& x, std::initializer_list<const LinearImpl*> members,
+                                kernels::MergedRebuild* rebuild = nullptr);
 
 // The FP8 state of a merged GEMM over these Linears: the first member's that has one, else null (bf16).
 Float8State* merged_fp8_state(std::initializer_list<const LinearImpl*> members);

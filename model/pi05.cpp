@@ -454,6 +454,9 @@ void Pi05Impl::set_fp8(const std::vector<std::string>& fqns, const Fp8Config& co
       const LinearImpl& l = *linears.at(member);
       const std::string problem = float8_shape_problem(l.weight.size(1), l.weight.size(0));
       if (!problem.empty()) throw std::invalid_argument("set_fp8: '" + member + "': " + problem);
+      if (l.has_lora())
+        throw std::invalid_argument("set_fp8: '" + member +
+                                    "' has a LoRA adapter: FP8 Linears with adapters are not supported (keep it bf16)");
       chosen.insert(member);
     }
   }

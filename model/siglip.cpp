@@ -29,6 +29,8 @@ torch::Tensor SiglipAttentionImpl::forward(const torch::Tensor& x, Attention mod
       profiler::note_gemm({&q_proj->fqn(), &k_proj->fqn(), &v_proj->fqn()}, x.numel() / width, width, 3 * width);
     auto qkv = kernels::merged_linear(x, {q_proj->weight, k_proj->weight, v_proj->weight},
                                       {q_proj->bias, k_proj->bias, v_proj->bias});  // [n, t, q | k | v]
+    if (auto delta = merged_lora_delta(x, {q_proj.get(), k_proj.get(), v_proj.get()}); delta.defined())
+      qkv = qkv + delta;
     if (mode == Attention::kLean && kernels::qkv_attention_supported(qkv, heads, backend))
       return out_proj(kernels::qkv_attention(qkv, heads, 1.0 / std::sqrt(static_cast<double>(width / heads))));
     // Strided [n, heads, t, d] views of the merged output, read in place by SDPA (no copy for the layout); their
@@ -54,7 +56,12 @@ torch::Tensor SiglipMLPImpl::forward(const torch::Tensor& x, bool fused) {
   if (profiler::scopes_enabled())
     profiler::note_gemm({&fc2->fqn()}, pre.numel() / pre.size(-1), fc2->weight.size(1), fc2->weight.size(0));
   // GELU kernel, then fc2 in its own scope; backward saves only `pre` (the GELU output is rebuilt).
-  return kernels::gelu_linear(pre, fc2->weight, fc2->bias, fc2->fqn());
+  auto y = kernels::gelu_linear(pre, fc2->weight, fc2->bias, fc2->fqn());
+  if (!fc2->has_lora()) return y;
+  // The adapter's first GEMM reads gelu(pre) through the same node, so the GELU output is rebuilt for it too.
+  profiler::Scope lora_scope(fc2->fqn());
+  auto z = kernels::gelu_linear(pre, fc2->lora_A.to(pre.scalar_type()), torch::Tensor(), "") * fc2->lora_scale();
+  return y + at::linear(z, fc2->lora_B.to(z.scalar_type()));
 }
 
 SiglipEncoderLayerImpl::SiglipEncoderLayerImpl(const VisionConfig& cfg, torch::TensorOptions options) {

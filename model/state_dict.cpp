@@ -67,13 +67,12 @@ std::string config_name(const Pi05Config& cfg) {
   return "";
 }
 
-// The named config of `module` when it is a Pi0.5 of one, else "".
-std::string module_config_name(const torch::nn::Module& module) {
+}  // namespace
+
+std::string weights_config_name(const torch::nn::Module& module) {
   const auto* pi05 = dynamic_cast<const Pi05Impl*>(&module);
   return pi05 == nullptr ? std::string() : config_name(pi05->config());
 }
-
-}  // namespace
 
 std::string LoadReport::summary() const {
   std::ostringstream os;
@@ -97,7 +96,7 @@ StateDictError::StateDictError(LoadReport report)
 
 LoadReport load_state_dict(torch::nn::Module& module, const std::string& path, bool strict) {
   const SafetensorsFile file = SafetensorsFile::open(path);
-  const std::string expected_config = module_config_name(module);
+  const std::string expected_config = weights_config_name(module);
   const auto config = file.metadata().find(kConfigMetadataKey);
   if (!expected_config.empty() && config != file.metadata().end() && config->second != expected_config)
     throw SafetensorsError(path, "weights of the '" + config->second + "' config (its metadata " + kConfigMetadataKey +
@@ -165,7 +164,7 @@ LoadReport load_state_dict(torch::nn::Module& module, const std::string& path, b
 void save_state_dict(const torch::nn::Module& module, const std::string& path,
                      const std::map<std::string, std::string>& metadata) {
   std::map<std::string, std::string> meta = metadata;
-  const std::string config = module_config_name(module);
+  const std::string config = weights_config_name(module);
   if (!config.empty()) meta.emplace(kConfigMetadataKey, config);  // keeps a value the caller set
   write_safetensors(path, named_tensors(module), meta);
 }

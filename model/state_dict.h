@@ -57,6 +57,10 @@ class StateDictError : public SafetensorsError {
 // anything is matched.
 LoadReport load_state_dict(torch::nn::Module& module, const std::string& path, bool strict = true);
 
+// The named config ("tiny" | "full") of `module` when it is a Pi0.5 of one, else "": the kConfigMetadataKey value
+// its weights files carry.
+std::string weights_config_name(const torch::nn::Module& module);
+
 // Writes every defined parameter and buffer of `module` under its FQN (parameters first, each in registration
 // order), with their dtypes, through write_safetensors (atomic). For a Pi0.5 of a named config, the metadata gets
 // kConfigMetadataKey unless `metadata` sets it.

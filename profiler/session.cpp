@@ -247,10 +247,13 @@ formats::BatchProfile Session::profile_batch(int64_t batch, bool first, TraceDat
   for (auto& m : b.modules) m.recomputed = covered(m.fqn, baseline_);
 
   // Memory.
-  int64_t params = 0;
-  for (const auto& p : model_.parameters()) params += static_cast<int64_t>(p.nbytes());
+  int64_t params = 0, trainable = 0;
+  for (const auto& p : model_.parameters()) {
+    params += static_cast<int64_t>(p.nbytes());
+    if (p.requires_grad()) trainable += static_cast<int64_t>(p.nbytes());  // frozen: no gradient (recipe freeze, LoRA)
+  }
   b.memory.parameter_bytes = params;
-  b.memory.gradient_bytes = opt_.inference ? 0 : params;  // one gradient per parameter, same dtype
+  b.memory.gradient_bytes = opt_.inference ? 0 : trainable;  // one gradient per trainable parameter, same dtype
   if (driver_.optimizer_state_bytes) b.memory.optimizer_bytes = driver_.optimizer_state_bytes();
   if (memory_.cuda) {
     b.memory.activation_bytes = static_cast<int64_t>(activation_sum / static_cast<double>(opt_.steps));

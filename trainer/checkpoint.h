@@ -1,5 +1,7 @@
 // Resumable checkpoints: RUNDIR/checkpoints/step_<8 digits>/ holding
-//   model.safetensors      every parameter under its openpi FQN (loadable by `--init-weights`)
+//   model.safetensors      every parameter under its openpi FQN (loadable by `--init-weights`); with LoRA also the
+//                          adapters (`<linear>.lora_A`, `.lora_B`, model/lora.h) beside the unmerged base weights,
+//                          which `--init-weights` reports as unexpected and skips: final/ holds the merged form
 //   optimizer.safetensors  AdamW moments (and fp32 master weights)          [OptimizerState::tensors]
 //   ema.safetensors        EMA weights, when EMA is on
 //   state.json             formats/checkpoint_state.h: the run that wrote it, the step to run next, optimizer

@@ -1,10 +1,12 @@
 #include "trainer/recipe_apply.h"
 
 #include <algorithm>
+#include <map>
 #include <stdexcept>
 
 #include "formats/fqn_pattern.h"
 #include "formats/json_error.h"
+#include "layout/pi05.h"
 #include "trainer/train_loop.h"
 
 namespace vlatune::trainer {
@@ -26,6 +28,86 @@ std::string override_choice(const char* flag, const std::string& value, const ch
   if (value != a && value != b)
     throw TrainInputError(std::string(flag) + ": expected " + a + " or " + b + ", got '" + value + "'");
   return value;
+}
+
+// Presets and patterns -> module FQNs, in module order; nesting is allowed across presets and patterns (freezing
+// a module twice is freezing it).
+std::vector<std::string> resolve_freeze(const formats::Recipe& recipe, const std::string& file,
+                                        const std::vector<std::string>& fqns) {
+  std::vector<std::string> roots;
+  for (size_t i = 0; i < recipe.freeze.presets.size(); ++i)
+    for (const std::string& m : layout::freeze_preset_modules(recipe.freeze.presets[i])) {
+      if (std::find(fqns.begin(), fqns.end(), m) == fqns.end())
+        throw formats::FormatError(file, "$.freeze.presets[" + std::to_string(i) + "]",
+                                   "preset \"" + std::string(formats::to_string(recipe.freeze.presets[i])) +
+                                       "\" names module " + m + ", which this model does not have");
+      roots.push_back(m);
+    }
+  if (recipe.lora.preset)
+    for (const std::string& m : layout::lora_preset(*recipe.lora.preset).frozen) roots.push_back(m);
+  for (const std::string& m : formats::resolve_patterns(recipe.freeze.modules, fqns, file, "$.freeze.modules"))
+    roots.push_back(m);
+  std::vector<std::string> out;
+  for (const std::string& fqn : fqns)
+    if (std::find(roots.begin(), roots.end(), fqn) != roots.end()) out.push_back(fqn);
+  return out;
+}
+
+void apply_freeze_and_lora(const formats::Recipe& recipe, const std::string& file, model::Pi05Impl& model,
+                           const std::vector<std::string>& fqns, uint64_t seed, AppliedRecipe& out) {
+  out.frozen = resolve_freeze(recipe, file, fqns);
+  model::freeze_modules(model, out.frozen);
+
+  // The preset's targets first, then the recipe's: (patterns, rank, alpha, JSON path).
+  struct Target {
+    std::vector<std::string> modules;
+    int rank;
+    double alpha;
+    std::string path;
+  };
+  std::vector<Target> targets;
+  if (recipe.lora.preset)
+    for (const auto& t : layout::lora_preset(*recipe.lora.preset).targets)
+      targets.push_back({t.modules, t.rank, t.alpha, "$.lora.preset"});
+  for (size_t i = 0; i < recipe.lora.targets.size(); ++i) {
+    const auto& t = recipe.lora.targets[i];
+    targets.push_back({t.modules, t.rank, t.alpha, "$.lora.targets[" + std::to_string(i) + "]"});
+  }
+  std::map<std::string, const model::LinearImpl*> linears;
+  for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/false))
+    if (const auto* l = dynamic_cast<const model::LinearImpl*>(item.value().get())) linears.emplace(item.key(), l);
+  std::map<std::string, std::string> taken;  // Linear -> the path of the target that took it
+  std::vector<model::LoraSpec> specs;
+  for (const Target& t : targets) {
+    const std::string modules_path = t.path == "$.lora.preset" ? t.path : t.path + ".modules";
+    for (const std::string& fqn : formats::resolve_patterns(t.modules, fqns, file, modules_path)) {
+      auto it = linears.find(fqn);
+      if (it == linears.end())
+        throw formats::FormatError(file, modules_path, "module " + fqn + " is not a Linear (LoRA adapts Linears)");
+      const model::LinearImpl& l = *it->second;
+      const int64_t out_features = l.weight.size(0), in_features = l.weight.size(1);
+      if (t.rank > std::min(in_features, out_features))
+        throw formats::FormatError(file, t.path == "$.lora.preset" ? t.path : t.path + ".rank",
+                                   "rank " + std::to_string(t.rank) + " exceeds the smaller dimension of " + fqn +
+                                       " [" + std::to_string(out_features) + ", " + std::to_string(in_features) +
+                                       "]: at most " + std::to_string(std::min(in_features, out_features)));
+      if (l.fp8)
+        throw formats::FormatError(file, modules_path,
+                                   fqn +
+                                       " runs in FP8 ($.fp8.modules): LoRA adapters on FP8 Linears are not "
+                                       "supported; remove it from $.fp8.modules or from the LoRA targets");
+      const auto [prev, fresh] = taken.emplace(fqn, t.path);
+      if (!fresh)
+        throw formats::FormatError(file, modules_path,
+                                   fqn + " already has an adapter from " + prev->second + ": one adapter per Linear");
+      specs.push_back({fqn, t.rank, t.alpha});
+    }
+  }
+  std::sort(specs.begin(), specs.end(), [&fqns](const model::LoraSpec& a, const model::LoraSpec& b) {
+    return std::find(fqns.begin(), fqns.end(), a.module) < std::find(fqns.begin(), fqns.end(), b.module);
+  });
+  model::add_lora(model, specs, seed);
+  out.lora = std::move(specs);
 }
 
 }  // namespace
@@ -112,8 +194,11 @@ AppliedRecipe apply_recipe(const formats::Recipe& recipe, const std::string& fil
     out.fp8_delayed = !out.fp8.empty() && config.scaling == model::Fp8Scaling::kDelayed;
   }
 
-  // 6. Groups (gradient buckets; per-group CUDA-graph capture is not available) and distributed settings.
+  // 6. Freezing, 7. LoRA (trainer's part: resolution and checks with JSON paths; model/lora.h does the rest).
   const std::vector<std::string> fqns = module_fqns(model);
+  apply_freeze_and_lora(effective, file, model, fqns, context.seed, out);
+
+  // 8. Groups (gradient buckets; per-group CUDA-graph capture is not available) and distributed settings.
   for (size_t i = 0; i < effective.groups.size(); ++i) {
     const formats::Recipe::Group& group = effective.groups[i];
     const std::string path = "$.groups[" + std::to_string(i) + "]";

@@ -9,7 +9,13 @@
 //                  then the model is built (its parameters' dtype is known now)
 //   4. recompute   (FQN patterns resolved against the model)                         -> Pi05Impl::set_recompute
 //   5. fp8         (FQN patterns of Linears resolved against the model; scaling)     -> Pi05Impl::set_fp8
-//   6. groups      (FQN patterns resolved; a module in two groups is refused; per-group cuda_graph refused)
+//   6. freeze      (presets -> their modules (layout/pi05.h), FQN patterns resolved)     -> model::freeze_modules
+//   7. lora        (the preset's targets and freezing, then the recipe's targets: patterns of Linears resolved;
+//                  a Linear in two targets, an FP8 Linear, a rank above the Linear's smaller dimension refused)
+//                  -> model::add_lora (after freezing: the adapters of a frozen tower train)
+//                  Both before the optimizer is built and the step graph captured (build_training_parts), so
+//                  frozen parameters never get gradients, optimizer state or gradient buckets.
+//   8. groups      (FQN patterns resolved; a module in two groups is refused; per-group cuda_graph refused)
 //      distributed (world_size must be 1 = unspecified, or the run's; reduce_dtype; --reduce-dtype;
 //                  shard_optimizer_state, which one process ignores)
 //                  -> gradient buckets; per-group reduction during backward turns the merged modulations off
@@ -27,6 +33,7 @@
 
 #include "formats/recipe.h"
 #include "model/config.h"
+#include "model/lora.h"
 #include "model/pi05.h"
 #include "trainer/optimizer.h"
 
@@ -46,6 +53,7 @@ struct RecipeContext {
   RecipeOverrides overrides;
   int world_size = 1;  // processes of this run
   bool cuda = false;   // the device is a GPU (bf16 parameters for "bf16" precision)
+  uint64_t seed = 42;  // draws the LoRA adapters' A
 };
 
 struct AppliedRecipe {
@@ -62,6 +70,8 @@ struct AppliedRecipe {
   std::vector<std::string> recompute;  // resolved FQNs, in module order
   std::vector<std::string> fp8;        // the FP8 Linears (merged members included), in module order
   bool fp8_delayed = false;            // FP8 Linears with delayed scaling
+  std::vector<std::string> frozen;     // modules whose parameters are frozen (presets and patterns), module order
+  std::vector<model::LoraSpec> lora;   // the adapters added, module order
   struct AppliedGroup {
     std::string name;
     std::vector<std::string> modules;  // resolved FQNs
@@ -73,7 +83,7 @@ struct AppliedRecipe {
 };
 
 // `file` labels errors (the recipe's path, or "<default recipe>"). `build_model(parameter dtype)` is called once,
-// after step 3, and returns the model steps 4-6 apply to.
+// after step 3, and returns the model steps 4-8 apply to.
 using ModelBuilder = std::function<model::Pi05Impl&(torch::Dtype parameter_dtype)>;
 AppliedRecipe apply_recipe(const formats::Recipe& recipe, const std::string& file, const RecipeContext& context,
                            const ModelBuilder& build_model);

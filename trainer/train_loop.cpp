@@ -9,6 +9,7 @@
 #include <cmath>
 #include <csignal>
 #include <iomanip>
+#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -22,6 +23,7 @@
 #include "formats/recipe.h"
 #include "formats/run_record.h"
 #include "formats/train_config.h"
+#include "model/lora.h"
 #include "model/pi05.h"
 #include "model/state_dict.h"
 #include "trainer/checkpoint.h"
@@ -167,7 +169,10 @@ void log_start(const Run& run) {
   if (run.dist) log << " x " << run.world_size << " processes";
   log << ", precision " << parts.precision << ", steps " << run.first_step << ".." << run.settings.config.steps
       << ", recompute " << parts.applied.recompute.size() << " module(s), fp8 " << parts.applied.fp8.size()
-      << " Linear(s), run dir " << run.settings.run_dir << "\n";
+      << " Linear(s)";
+  if (!parts.applied.frozen.empty()) log << ", frozen " << parts.applied.frozen.size() << " module(s)";
+  if (!parts.applied.lora.empty()) log << ", LoRA " << parts.applied.lora.size() << " Linear(s)";
+  log << ", run dir " << run.settings.run_dir << "\n";
   if (run.dist) {
     const auto& groups = parts.buckets->groups();
     int64_t bytes = 0, dense_bytes = 0;
@@ -349,7 +354,20 @@ void check_ranks_agree(Run& run) {
            << std::setprecision(17) << c[0] << std::defaultfloat << std::setprecision(6) << ")\n";
 }
 
-// final/model.safetensors (the EMA weights when on: what openpi saves for inference) and final/norm_stats.json.
+// The final weights: model.safetensors in the openpi layout, LoRA adapters merged in; with LoRA also the adapters
+// alone (adapters.safetensors, model/lora.h).
+void save_final_weights(const model::Pi05Impl& net, const std::string& final_dir, const char* weights) {
+  const std::map<std::string, std::string> meta = {{"format", "pt"}, {"weights", weights}};
+  if (model::lora_adapters(net).empty()) {
+    model::save_state_dict(net, join_path(final_dir, "model.safetensors"), meta);
+    return;
+  }
+  model::save_merged_state_dict(net, join_path(final_dir, "model.safetensors"), meta);
+  model::save_lora_adapters(net, join_path(final_dir, "adapters.safetensors"));
+}
+
+// final/model.safetensors (the EMA weights when on: what openpi saves for inference), with LoRA
+// final/adapters.safetensors, and final/norm_stats.json.
 void write_final(Run& run) {
   const std::string final_dir = join_path(run.settings.run_dir, "final");
   make_directories(final_dir);
@@ -361,11 +379,11 @@ void write_final(Run& run) {
     std::vector<std::pair<std::string, torch::Tensor>> live;
     for (const auto& [name, t] : named_params) live.emplace_back(name, t.detach().clone());
     run.ema->apply_to_params();
-    model::save_state_dict(*net, join_path(final_dir, "model.safetensors"), {{"format", "pt"}, {"weights", "ema"}});
+    save_final_weights(*net, final_dir, "ema");
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < live.size(); ++i) named_params[i].second.copy_(live[i].second);
   } else {
-    model::save_state_dict(*net, join_path(final_dir, "model.safetensors"), {{"format", "pt"}, {"weights", "last"}});
+    save_final_weights(*net, final_dir, "last");
   }
   if (run.settings.options.data != "synthetic") {
     // The manifest alone: Dataset::open would hash every shard again (tens of GiB for a LeRobot import).

@@ -22,8 +22,8 @@ const std::string kOptimizerScopeName = profiler::kOptimizerScope;
 void setup_data_parallel(TrainingParts& parts, const TrainOptions& opt) {
   {
     torch::NoGradGuard no_grad;
-    std::vector<torch::Tensor> tensors;
-    for (const auto& item : parts.named_params) tensors.push_back(item.second.detach());
+    std::vector<torch::Tensor> tensors;  // frozen ones too: every rank computes with rank 0's weights
+    for (const auto& p : parts.net->parameters()) tensors.push_back(p.detach());
     parts.dist->broadcast(tensors, /*root=*/0, "broadcast of rank 0's initial parameters");
   }
   std::vector<GroupModules> groups;
@@ -143,6 +143,7 @@ TrainingParts build_training_parts(const TrainOptions& opt, const formats::Recip
   context.overrides = {opt.batch, opt.grad_accum, opt.precision, opt.reduce_dtype, opt.cuda_graph};
   context.world_size = parts.dist ? parts.dist->size() : 1;
   context.cuda = parts.device.is_cuda();
+  context.seed = opt.seed;
   parts.applied = apply_recipe(recipe, recipe_label, context, [&](torch::Dtype parameter_dtype) -> model::Pi05Impl& {
     parts.net = model::Pi05(parts.config, parts.device, parameter_dtype);
     model::init_weights(*parts.net, opt.seed);
@@ -164,7 +165,23 @@ TrainingParts build_training_parts(const TrainOptions& opt, const formats::Recip
 
   open_training_data(parts, opt, parts.batch);
 
-  for (const auto& item : parts.net->named_parameters()) parts.named_params.emplace_back(item.key(), item.value());
+  // The trainable parameters (frozen ones, recipe freeze and LoRA's base weights, get no optimizer state).
+  int64_t numel_all = 0, numel_trainable = 0;
+  for (const auto& item : parts.net->named_parameters()) {
+    numel_all += item.value().numel();
+    if (!item.value().requires_grad()) continue;
+    numel_trainable += item.value().numel();
+    parts.named_params.emplace_back(item.key(), item.value());
+  }
+  if (numel_trainable < numel_all)
+    log << "trainable: " << numel_trainable << " of " << numel_all << " parameters ("
+        << 100.0 * static_cast<double>(numel_trainable) / static_cast<double>(numel_all) << "%); frozen modules "
+        << parts.applied.frozen.size() << ", LoRA adapters " << parts.applied.lora.size() << "\n";
+  if (parts.named_params.empty())
+    throw TrainInputError(parts.applied.effective.freeze.presets.empty() &&
+                                  parts.applied.effective.freeze.modules.empty()
+                              ? "nothing to train: every parameter is frozen"
+                              : recipe_label + ": $.freeze: every parameter is frozen, nothing to train");
   AdamWOptions adam;
   adam.lr = opt.lr;
   adam.betas = {opt.beta1, opt.beta2};

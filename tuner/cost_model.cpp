@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 
 #include "formats/fqn_pattern.h"
@@ -169,6 +170,44 @@ double adamw_moment_bytes(double numel, double element_bytes, formats::StateDtyp
   if (state_dtype == formats::StateDtype::kAuto) return 2 * numel * element_bytes;
   const double blocks = std::ceil(numel / static_cast<double>(kernels::kAdamwQuantBlock));
   return 2 * (numel + 4 * blocks);
+}
+
+TrainingStateBytes training_state_bytes(const std::vector<ParameterShape>& params, const TrainableSelection& selection,
+                                        double element_bytes, formats::StateDtype state_dtype) {
+  auto numel_of = [](const std::vector<int64_t>& shape) {
+    double n = 1;
+    for (int64_t d : shape) n *= static_cast<double>(d);
+    return n;
+  };
+  std::map<std::string, int64_t> adapted;  // Linear FQN -> rank
+  for (const auto& [fqn, rank] : selection.lora) adapted.emplace(fqn, rank);
+  TrainingStateBytes out;
+  std::vector<double> trainable;  // numel per trainable tensor (AdamW's state is per tensor)
+  for (const ParameterShape& p : params) {
+    const double n = numel_of(p.shape);
+    const auto dot = p.name.rfind('.');
+    const bool lora_base = dot != std::string::npos && adapted.count(p.name.substr(0, dot)) != 0;
+    const bool frozen = lora_base || std::any_of(selection.frozen.begin(), selection.frozen.end(),
+                                                 [&](const std::string& m) { return formats::fqn_within(p.name, m); });
+    (frozen ? out.frozen_numel : out.trainable_numel) += n;
+    if (!frozen) trainable.push_back(n);
+  }
+  for (const auto& [fqn, rank] : adapted) {
+    auto it = std::find_if(params.begin(), params.end(),
+                           [&fqn](const ParameterShape& p) { return p.name == fqn + ".weight"; });
+    if (it == params.end() || it->shape.size() != 2)
+      throw PlanInputError("LoRA on " + fqn + ": the model has no Linear weight '" + fqn + ".weight' [out, in]");
+    const double a = static_cast<double>(rank) * static_cast<double>(it->shape[1]);  // A [rank, in]
+    const double b = static_cast<double>(it->shape[0]) * static_cast<double>(rank);  // B [out, rank]
+    out.adapter_numel += a + b;
+    trainable.push_back(a);
+    trainable.push_back(b);
+  }
+  out.trainable_numel += out.adapter_numel;
+  out.parameter_bytes = (out.trainable_numel + out.frozen_numel) * element_bytes;
+  out.gradient_bytes = out.trainable_numel * element_bytes;
+  for (double n : trainable) out.optimizer_bytes += adamw_moment_bytes(n, element_bytes, state_dtype);
+  return out;
 }
 
 double plan_optimizer_state(CostModel& model, formats::StateDtype planned, int planned_shards) {

@@ -22,6 +22,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "formats/profile.h"
@@ -104,6 +105,32 @@ struct CostModel {
 // element and an fp32 absmax per kernels::kAdamwQuantBlock. The trainer keeps tensors under 4,096 elements at full
 // precision; they are counted as 8-bit here (norm scales and biases: under a MiB for Pi0.5).
 double adamw_moment_bytes(double numel, double element_bytes, formats::StateDtype state_dtype);
+
+// ---- Parameters, gradients and optimizer state under freezing and LoRA (recipe `freeze`, `lora`) ----
+// One parameter tensor of the model: its name (`<module>.weight`, ...) and shape ([out, in] for a Linear's weight).
+struct ParameterShape {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+// What trains (resolved: exact module FQNs, as trainer/recipe_apply.h resolves the recipe): the parameters inside
+// `frozen` modules do not; a Linear in `lora` keeps its weight and bias frozen and trains adapters A [rank, in] and
+// B [out, rank] instead (model/lora.h).
+struct TrainableSelection {
+  std::vector<std::string> frozen;
+  std::vector<std::pair<std::string, int64_t>> lora;  // Linear FQN, rank
+};
+struct TrainingStateBytes {
+  double parameter_bytes = 0;  // every parameter (frozen ones too) and the adapters
+  double gradient_bytes = 0;   // the trainable parameters' gradients, in the parameters' dtype
+  double optimizer_bytes = 0;  // AdamW's moments of the trainable parameters (adamw_moment_bytes per tensor)
+  double trainable_numel = 0, frozen_numel = 0, adapter_numel = 0;
+};
+// The bytes the trainer holds for parameters, gradients and optimizer state whatever the batch, given the model's
+// parameters (all of them, with their names), the selection, the parameters' element size (2: precision bf16, 4:
+// fp32-master, where fp32 parameters are their own masters) and the moments' storage. PlanInputError naming a
+// LoRA'd Linear whose `<fqn>.weight` is not a 2-D parameter of the list.
+TrainingStateBytes training_state_bytes(const std::vector<ParameterShape>& params, const TrainableSelection& selection,
+                                        double element_bytes, formats::StateDtype state_dtype);
 
 // Prices `planned` moments, held by each GPU as 1/`planned_shards` of them (recipe
 // distributed.shard_optimizer_state: the world size, else 1), against the profiled recipe's optimizer.state_dtype

@@ -40,6 +40,10 @@ Recipe full_recipe() {
   r.fp8.modules = {"paligemma_with_expert.gemma_expert.model.layers.*.mlp.gate_proj", "action_out_proj"};
   r.groups = {{"vision", {"paligemma_with_expert.paligemma.model.vision_tower"}, true},
               {"layer.0", {"a.layers.0", "b.layers.0"}, false}};
+  r.freeze.presets = {FreezePreset::kFreezeVisionEncoder};
+  r.freeze.modules = {"action_in_proj"};
+  r.lora.preset = LoraPreset::kOpenpi;
+  r.lora.targets = {{{"paligemma_with_expert.paligemma.model.multi_modal_projector.linear"}, 8, 4.5}};
   r.optimizer.state_dtype = StateDtype::kInt8Blockwise;
   r.distributed.world_size = 8;
   r.distributed.reduce_dtype = ReduceDtype::kFp32;
@@ -383,4 +387,83 @@ TEST_CASE("The keys behind a recipe hash difference are named, pattern lists as 
   CHECK(
       has("groups: " + std::to_string(base.groups.size()) + " vs " + std::to_string(other.groups.size()) + " entries"));
   CHECK_FALSE(has("predicted"));
+}
+
+TEST_CASE("freeze and lora are written only when set, read back, and enter the hash", "[formats][recipe]") {
+  CHECK_FALSE(recipe_to_json(Recipe{}).contains("freeze"));
+  CHECK_FALSE(recipe_to_json(Recipe{}).contains("lora"));
+  // Empty sections are the defaults: same JSON, same hash as leaving them out.
+  const Recipe empty = parse_recipe(json::parse(R"({"freeze": {"presets": [], "modules": []},
+                                                    "lora": {"preset": null, "targets": []}})"),
+                                    "r.json");
+  CHECK(empty == Recipe{});
+  CHECK(recipe_hash(empty) == recipe_hash(Recipe{}));
+
+  const Recipe r = parse_recipe(json::parse(R"({
+      "freeze": {"presets": ["train_expert_only", "freeze_vision_encoder"], "modules": ["time_mlp_in"]},
+      "lora": {"preset": "openpi", "targets": [{"modules": ["action_out_proj"], "rank": 4},
+                                               {"modules": ["time_mlp_out"], "rank": 2, "alpha": 0.5}]}})"),
+                                "r.json");
+  REQUIRE(r.freeze.presets.size() == 2);
+  CHECK(r.freeze.presets[0] == FreezePreset::kTrainExpertOnly);
+  CHECK(r.freeze.modules == std::vector<std::string>{"time_mlp_in"});
+  REQUIRE(r.lora.preset);
+  CHECK(*r.lora.preset == LoraPreset::kOpenpi);
+  REQUIRE(r.lora.targets.size() == 2);
+  CHECK(r.lora.targets[0].rank == 4);
+  CHECK(r.lora.targets[0].alpha == 4.0);  // absent: = rank
+  CHECK(r.lora.targets[1].alpha == 0.5);
+  const json j = recipe_to_json(r);
+  CHECK(j["freeze"]["presets"] == json{"train_expert_only", "freeze_vision_encoder"});
+  CHECK(j["lora"]["preset"] == "openpi");
+  CHECK(j["lora"]["targets"][0] == json{{"modules", {"action_out_proj"}}, {"rank", 4}, {"alpha", 4.0}});
+  CHECK(parse_recipe(j, "r.json") == r);
+
+  // Preset order does not change the selection; rank and alpha do.
+  Recipe swapped = r;
+  std::swap(swapped.freeze.presets[0], swapped.freeze.presets[1]);
+  CHECK(recipe_hash(swapped) == recipe_hash(r));
+  Recipe ranked = r;
+  ranked.lora.targets[0].rank = 8;
+  CHECK(recipe_hash(ranked) != recipe_hash(r));
+  Recipe scaled = r;
+  scaled.lora.targets[1].alpha = 1.0;
+  CHECK(recipe_hash(scaled) != recipe_hash(r));
+  CHECK(recipe_hash(r) != recipe_hash(Recipe{}));
+
+  // The differences name the keys, the presets as sets.
+  Recipe vision_only;
+  vision_only.freeze.presets = {FreezePreset::kFreezeVisionEncoder};
+  CHECK(recipe_differences(Recipe{}, vision_only) ==
+        std::vector<std::string>{"freeze.presets: added \"freeze_vision_encoder\""});
+  Recipe lora_a, lora_b;
+  lora_a.lora.targets = {{{"action_out_proj"}, 16, 16.0}};
+  lora_b.lora.targets = {{{"action_out_proj"}, 32, 16.0}};
+  CHECK(recipe_differences(lora_a, lora_b) == std::vector<std::string>{"lora.targets[0].rank: 16 vs 32"});
+  CHECK(recipe_differences(Recipe{}, lora_a) == std::vector<std::string>{"lora.targets: 0 vs 1 entries"});
+}
+
+TEST_CASE("Bad freeze and lora values are rejected at their JSON path", "[formats][recipe]") {
+  auto check = [](const std::string& text, const std::string& path, const std::string& part) {
+    const FormatError e = error_of(text);
+    CHECK(e.json_path() == path);
+    CHECK_THAT(e.what(), Catch::Contains(part) && Catch::Contains("recipe.json"));
+  };
+  check(R"({"freeze": {"presets": ["freeze_vision"]}})", "$.freeze.presets[0]",
+        R"(expected one of "freeze_vision_encoder", "train_expert_only")");
+  check(R"({"freeze": {"presets": ["train_expert_only", "train_expert_only"]}})", "$.freeze.presets[1]",
+        "duplicate preset");
+  check(R"({"freeze": {"presets": "train_expert_only"}})", "$.freeze.presets", "expected an array");
+  check(R"({"freeze": {"modules": ["a..b"]}})", "$.freeze.modules[0]", "empty segment");
+  check(R"({"freeze": {"module": []}})", "$.freeze.module", "unknown key");
+  check(R"({"lora": {"preset": "peft"}})", "$.lora.preset", R"(expected one of "openpi")");
+  check(R"({"lora": {"targets": [{"modules": ["a"], "rank": 0}]}})", "$.lora.targets[0].rank", "1..1048576");
+  check(R"({"lora": {"targets": [{"modules": ["a"], "rank": 2.5}]}})", "$.lora.targets[0].rank", "integer");
+  check(R"({"lora": {"targets": [{"modules": ["a"], "alpha": 0}]}})", "$.lora.targets[0].alpha", "> 0");
+  check(R"({"lora": {"targets": [{"modules": ["a"], "alpha": -1}]}})", "$.lora.targets[0].alpha", "finite number");
+  check(R"({"lora": {"targets": [{"modules": ["a"], "alpha": "16"}]}})", "$.lora.targets[0].alpha", "number");
+  check(R"({"lora": {"targets": [{"modules": []}]}})", "$.lora.targets[0].modules", "at least one module pattern");
+  check(R"({"lora": {"targets": [{"rank": 4}]}})", "$.lora.targets[0].modules", "missing");
+  check(R"({"lora": {"targets": [{"modules": ["a.*b"]}]}})", "$.lora.targets[0].modules[0]", "'*'");
+  check(R"({"lora": {"targets": [{"modules": ["a"], "dropout": 0.1}]}})", "$.lora.targets[0].dropout", "unknown key");
 }

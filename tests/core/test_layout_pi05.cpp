@@ -132,3 +132,21 @@ TEST_CASE("Only the token embedding has a row-sparse gradient", "[layout]") {
   CHECK_FALSE(row_sparse_gradient(kPL + "0.mlp.up_proj.weight"));
   CHECK_FALSE(row_sparse_gradient(kEmbedTokens));
 }
+
+TEST_CASE("The freezing and LoRA presets name LeRobot's and openpi's module sets", "[layout][lora]") {
+  using vlatune::formats::FreezePreset;
+  CHECK(freeze_preset_modules(FreezePreset::kFreezeVisionEncoder) ==
+        std::vector<std::string>{"paligemma_with_expert.paligemma.model.vision_tower"});
+  CHECK(freeze_preset_modules(FreezePreset::kTrainExpertOnly) ==
+        std::vector<std::string>{"paligemma_with_expert.paligemma"});
+  const LoraPresetSpec openpi = lora_preset(vlatune::formats::LoraPreset::kOpenpi);
+  REQUIRE(openpi.targets.size() == 2);
+  CHECK(openpi.targets[0].rank == 16);  // gemma_2b_lora
+  CHECK(openpi.targets[0].alpha == 16.0);
+  CHECK(openpi.targets[1].rank == 32);  // gemma_300m_lora
+  CHECK(openpi.targets[1].alpha == 32.0);
+  for (const auto& t : openpi.targets) CHECK(t.modules.size() == 7);
+  CHECK(openpi.targets[0].modules.front() == kPrefixLayerPrefix + "*.self_attn.q_proj");
+  CHECK(openpi.targets[1].modules.back() == kExpertLayerPrefix + "*.mlp.down_proj");
+  CHECK(openpi.frozen == std::vector<std::string>{kLanguageModel, kExpertModel});
+}
