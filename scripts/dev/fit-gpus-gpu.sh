@@ -3,7 +3,7 @@
 # 32; a second, small profiled batch is left out: with prompt trimming its step time on synthetic data varies with
 # each batch's longest prompt, which changes the attention shapes), then `vlatune plan` for 40, 28 and 22 GiB keeping the global batch at 32 (22 GiB with
 # `--allow optimizer-state`, since bf16 parameters, gradients and AdamW moments alone take ~25 GiB), and LoRA with
-# openpi's preset (`"lora": {"preset": "openpi"}`) at global batch 32 (micro-batch 8 x 4, decoder layers recomputed).
+# openpi's preset (recipes/pi05_libero_h200_lora.json: global batch 32 as micro-batch 8 x 4, recomputed).
 # Each recipe trains STEPS steps under `--max-memory` equal to its budget; the table gives predicted and measured
 # peak and samples/s (median, from run.json). The 200-step numerics gate of 8-bit AdamW is memory-gpu.sh's.
 #
@@ -53,13 +53,7 @@ for gib in $budgets; do
     >"$out/plan_$gib.txt" 2>&1
   [ -f "$out/plan_$gib.json" ] && recipes+=("plan_$gib:$gib")
 done
-python3 - "$out/lora.json" <<'PY'
-import json, sys
-json.dump({"schema": "vlatune.recipe/1", "batch": {"micro_batch": 8, "grad_accum": 4},
-           "recompute": {"modules": ["paligemma_with_expert.paligemma.model.language_model.layers.*",
-                                     "paligemma_with_expert.gemma_expert.model.layers.*"]},
-           "lora": {"preset": "openpi"}}, open(sys.argv[1], "w"), indent=2)
-PY
+cp recipes/pi05_libero_h200_lora.json "$out/lora.json"
 recipes+=("lora:$lora_budget")
 
 for entry in "${recipes[@]}"; do
