@@ -9,7 +9,8 @@
 #
 #   bash scripts/pack-deps.sh
 #   device run: command "bash scripts/dev/fit-gpus-gpu.sh", carry [".deps"]   (~7 min on one H200)
-# Options (environment): STEPS (default 30), BUDGETS ("40 28 22"), LORA_BUDGET (14), ARCHS (9.0),
+# Options (environment): STEPS (default 30), BUDGETS ("22 28 40"), LORA_BUDGET (14), ARCHS (9.0), TRAIN_TIMEOUT
+# (240 s per run),
 # SKIP_PROFILE=1 reuses /tmp/fit-profile from an earlier call on the same machine.
 # Output: $OUT/plan_<GiB>.json, $OUT/plan_<GiB>.txt (--explain), $OUT/run_<name>.json, $OUT/*.log; the table last.
 set -uo pipefail
@@ -18,7 +19,7 @@ cd "$root"
 out="${OUT:-$root/out}"
 mkdir -p "$out"
 steps="${STEPS:-30}"
-budgets="${BUDGETS:-40 28 22}"
+budgets="${BUDGETS:-22 28 40}"
 lora_budget="${LORA_BUDGET:-14}"
 t0=$(date +%s)
 el() { echo "[$(($(date +%s) - t0)) s]"; }
@@ -42,7 +43,8 @@ if [ "${SKIP_PROFILE:-0}" != 1 ] || [ ! -f "$profile/profile.json" ]; then
   echo "$(el) profile exit $?: $(grep -E 'step|peak' "$out/profile.log" | tail -2 | tr '\n' ' ')"
 fi
 
-recipes=()
+cp recipes/pi05_libero_h200_lora.json "$out/lora.json"
+recipes=("lora:$lora_budget")
 for gib in $budgets; do
   allow=()
   [ "$gib" -lt 26 ] && allow=(--allow optimizer-state)
@@ -53,13 +55,11 @@ for gib in $budgets; do
     >"$out/plan_$gib.txt" 2>&1
   [ -f "$out/plan_$gib.json" ] && recipes+=("plan_$gib:$gib")
 done
-cp recipes/pi05_libero_h200_lora.json "$out/lora.json"
-recipes+=("lora:$lora_budget")
 
 for entry in "${recipes[@]}"; do
   name="${entry%%:*}"; budget="${entry##*:}"
   rm -rf "/tmp/fit-$name"
-  timeout 240 $v train --config full --data synthetic --recipe "$out/$name.json" --steps "$steps" --seed 0 \
+  timeout "${TRAIN_TIMEOUT:-240}" $v train --config full --data synthetic --recipe "$out/$name.json" --steps "$steps" --seed 0 \
     --timing-warmup 3 --max-memory "$budget" --out "/tmp/fit-$name" --no-progress --log-every 10 --no-save \
     >"$out/train_$name.log" 2>&1
   echo "$(el) $name exit $?: $(tail -1 "$out/train_$name.log")"
