@@ -24,6 +24,7 @@
 #include "model/safetensors_io.h"
 #include "model/state_dict.h"
 #include "temp_dir.h"
+#include "tiny_train_options.h"
 #include "trainer/recipe_apply.h"
 #include "trainer/train_loop.h"
 #include "trainer/train_step.h"
@@ -57,21 +58,10 @@ std::string fresh_dir(const std::string& tag) {
 }
 
 t::TrainOptions tiny_options(const std::string& out, int64_t steps) {
-  t::TrainOptions o;
-  o.config = "tiny";
-  o.data = "synthetic";
-  o.device = "cpu";
-  o.out = out;
-  o.steps = steps;
-  o.batch = 2;
-  o.lr = 1e-2;
+  t::TrainOptions o = vlatune::test::tiny_train_options(out, steps);
+  o.lr = 1e-2;  // large enough that a few steps move the adapters measurably
   o.warmup_steps = 1;
   o.decay_steps = 100;
-  o.checkpoint_every = 2;
-  o.timing_warmup = 1;
-  o.workers = 1;
-  o.progress_bar = false;
-  o.seed = 5;
   return o;
 }
 
