@@ -18,7 +18,7 @@
 //   8. groups      (FQN patterns resolved; a module in two groups is refused; per-group cuda_graph refused)
 //      distributed (world_size must be 1 = unspecified, or the run's; reduce_dtype; --reduce-dtype;
 //                  shard_optimizer_state, which one process ignores)
-//                  -> gradient buckets; per-group reduction during backward turns the merged modulations off
+//                  -> gradient buckets
 // The overrides are written into AppliedRecipe::effective, the recipe the run records (RUNDIR/recipe.json, the
 // recipe_hash of run.json): a run with --precision fp32-master over a bf16 recipe is recorded as fp32-master.
 // Every refusal names the recipe file and the JSON path, or the flag.
