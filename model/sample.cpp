@@ -81,7 +81,8 @@ struct Sampler::Graph {
   Pi05Batch in;                // the static inputs: images, image_masks, tokens, token_masks
   torch::Tensor image_tokens;  // vision's output, the prefix's input
   Cache cache;
-  torch::Tensor x, out;  // the loop's input noise and output actions
+  torch::Tensor x, out;   // the loop's input noise and output actions
+  int64_t last_used = 0;  // the sampler's call count at its last replay or capture
 };
 
 Sampler::Sampler(Pi05Impl& model, SampleOptions options)
@@ -347,6 +348,7 @@ torch::Tensor Sampler::sample(const Pi05Batch& raw, const torch::Tensor& noise, 
         g.denoise->replay();
         if (timing != nullptr) marks[3].record(stream);
         ++replays_;
+        g.last_used = ++calls_;
         result = g.out.clone();
         if (timing != nullptr) {
           stream.synchronize();
@@ -426,6 +428,14 @@ void Sampler::capture(const GraphKey& key, const Prepared& prepared, const torch
     g->denoise->capture_begin(pool);
     g->out = denoise(g->cache, g->x);
     g->denoise->capture_end();
+    // Each shape's graphs hold their own activations: keep the most recently used kGraphsKept.
+    if (graphs_.size() >= kGraphsKept) {
+      auto oldest = graphs_.begin();
+      for (auto i = graphs_.begin(); i != graphs_.end(); ++i)
+        if (i->second->last_used < oldest->second->last_used) oldest = i;
+      graphs_.erase(oldest);
+    }
+    g->last_used = ++calls_;
     graphs_.emplace(key, std::move(g));
     ++captures_;
     graph_status_ = "captured";

@@ -137,8 +137,11 @@ class Sampler {
   SampleOptions options_;
   std::vector<float> times_;
   c10::ScalarType compute_;
-  std::map<int64_t, Conditioning> conditioning_;       // by batch size
+  std::map<int64_t, Conditioning> conditioning_;  // by batch size
+  // A single prompt's shape is its exact length, so a server sees many: the least recently used go beyond this.
+  static constexpr size_t kGraphsKept = 16;
   std::map<GraphKey, std::unique_ptr<Graph>> graphs_;  // by shape
+  int64_t calls_ = 0;
   std::string graph_status_ = "eager";
   bool graph_failed_ = false;
   int64_t captures_ = 0, replays_ = 0;
