@@ -230,9 +230,8 @@ bool operator==(const Recipe& a, const Recipe& b) {
                     r.model_options.attention_backend, r.model_options.precision, r.model_options.cuda_graph_step,
                     r.recompute.modules, r.fp8.scaling, r.fp8.modules, r.freeze.presets, r.freeze.modules,
                     r.lora.preset, r.optimizer.state_dtype, r.distributed.world_size, r.distributed.reduce_dtype,
-                    r.distributed.shard_optimizer_state,
-                    r.tuned_on.gpu, r.tuned_on.torch, r.tuned_on.profile, r.predicted.step_ms, r.predicted.peak_gib,
-                    r.predicted.samples_per_s, r.rationale);
+                    r.distributed.shard_optimizer_state, r.tuned_on.gpu, r.tuned_on.torch, r.tuned_on.profile,
+                    r.predicted.step_ms, r.predicted.peak_gib, r.predicted.samples_per_s, r.rationale);
   };
   if (key(a) != key(b) || a.groups.size() != b.groups.size() || a.lora.targets.size() != b.lora.targets.size())
     return false;
