@@ -1,7 +1,8 @@
 // LoRA adapters and freezing on the tiny Pi0.5 (model/lora.h): a fresh adapter leaves the model as it was, the
 // fused path and the reference path agree with adapters, frozen weights get no gradient through the kernels' nodes,
 // the merged export equals base + (alpha / rank) B A and loads back, the adapters file round-trips and its reader
-// refuses bad files.
+// refuses bad files; on the GPU ([.gpu]), the CUDA kernels with adapters and frozen Linears against the fp64
+// reference.
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
@@ -264,4 +265,42 @@ TEST_CASE("The adapters file round-trips into a base model and its reader refuse
   CHECK_NOTHROW(m::load_lora_adapters(
       *fresh, write("good.safetensors", {{"action_out_proj.lora_A", a}, {"action_out_proj.lora_B", b}}, meta(one))));
   CHECK(m::lora_adapters(*fresh).size() == 1);
+}
+
+TEST_CASE(
+    "GPU: adapters and frozen Linears through the CUDA kernels match the fp64 reference; frozen weights get "
+    "no gradient",
+    "[.gpu][model][lora][freeze]") {
+  REQUIRE(torch::cuda::is_available());
+  const torch::Device cuda(torch::kCUDA, 0);
+  const std::vector<std::string> frozen = {kVit + "0.mlp.fc2", kLm + "1.mlp"};  // under the GELU and GeGLU nodes
+  m::Pi05 ref = tiny_model();
+  m::add_lora(*ref, every_path(3), /*seed=*/2);
+  perturb_b(*ref);
+  m::freeze_modules(*ref, frozen);
+  m::Pi05 gpu(m::Pi05Config::tiny(), cuda, torch::kFloat32);
+  gpu->pack_merged_weights();
+  m::add_lora(*gpu, every_path(3), /*seed=*/2);
+  m::freeze_modules(*gpu, frozen);
+  {
+    torch::NoGradGuard no_grad;
+    auto src = ref->named_parameters();
+    for (auto& item : gpu->named_parameters()) item.value().copy_(src[item.key()]);
+  }
+  m::Pi05Batch batch = m::batch_to(tiny_batch(), torch::kFloat32);
+  for (torch::Tensor* t : m::batch_tensors(batch)) *t = t->to(cuda);
+  const Step want = step(*ref, tiny_batch(), m::Kernels::kReference);
+  const Step got = step(*gpu, batch, m::Kernels::kAuto);
+  // fp32 on the GPU (cuDNN may run the patch convolution in TF32) against fp64 on the CPU.
+  CHECK(std::abs(got.loss.item<double>() / want.loss.item<double>() - 1) < 2e-3);
+  for (const auto& [name, g] : want.grads) {
+    INFO(name);
+    REQUIRE(got.grads.count(name) == 1);
+    const torch::Tensor a = g.flatten(), b = got.grads.at(name).cpu().to(torch::kFloat64).flatten();
+    if (a.norm().item<double>() > 0) CHECK(torch::cosine_similarity(a, b, 0).item<double>() > 0.999);
+  }
+  CHECK(got.grads.size() == want.grads.size());
+  for (const std::string& name : {kVit + "0.mlp.fc2.weight", kVit + "0.mlp.fc2.bias", kLm + "1.mlp.down_proj.weight",
+                                  kLm + "1.mlp.gate_proj.weight"})
+    CHECK(got.grads.count(name) == 0);
 }
