@@ -1,6 +1,7 @@
 #include "model/gemma.h"
 
 #include "model/float8_linear.h"
+#include "model/merged_gemm.h"
 #include "model/recompute.h"
 #include "profiler/scope.h"
 
@@ -9,24 +10,6 @@ namespace vlatune::model {
 namespace {
 constexpr double kRmsEps = 1e-6;
 constexpr double kRopeBase = 10000.0;
-
-// One GEMM over Linears that read the same input: FP8 when any member is FP8 (the choice covers the merged GEMM),
-// else kernels::merged_linear. `rebuild` (optional): filled with how to run the same GEMM again in backward.
-// LoRA adapters of the members add their part (model/layers.h merged_lora_delta), and to the rebuild too.
-torch::Tensor merged_gemm(const torch::Tensor& x, std::initializer_list<const LinearImpl*> members,
-                          kernels::MergedRebuild* rebuild = nullptr) {
-  std::vector<torch::Tensor> weights;
-  for (const LinearImpl* l : members) weights.push_back(l->weight);
-  torch::Tensor base;
-  if (Float8State* fp8 = merged_fp8_state(members)) {
-    base = float8_linear(x, weights, torch::Tensor(), *fp8, rebuild);
-  } else {
-    if (rebuild != nullptr) *rebuild = kernels::merged_linear_rebuild(x, weights);
-    base = kernels::merged_linear(x, weights);
-  }
-  const torch::Tensor delta = merged_lora_delta(x, members, rebuild);
-  return delta.defined() ? base + delta : base;
-}
 
 // down_proj's adapter on the fused path, from the merged gate+up output: (alpha / rank) (geglu(merged) A^T) B^T,
 // the first GEMM through kernels::geglu_linear so that geglu(merged) is rebuilt in backward, not kept.
@@ -43,6 +26,21 @@ std::vector<torch::Tensor> concat(std::vector<torch::Tensor> a, const std::vecto
   return a;
 }
 }  // namespace
+
+torch::Tensor merged_gemm(const torch::Tensor& x, std::initializer_list<const LinearImpl*> members,
+                          kernels::MergedRebuild* rebuild) {
+  std::vector<torch::Tensor> weights;
+  for (const LinearImpl* l : members) weights.push_back(l->weight);
+  torch::Tensor base;
+  if (Float8State* fp8 = merged_fp8_state(members)) {
+    base = float8_linear(x, weights, torch::Tensor(), *fp8, rebuild);
+  } else {
+    if (rebuild != nullptr) *rebuild = kernels::merged_linear_rebuild(x, weights);
+    base = kernels::merged_linear(x, weights);
+  }
+  const torch::Tensor delta = merged_lora_delta(x, members, rebuild);
+  return delta.defined() ? base + delta : base;
+}
 
 GemmaAttentionImpl::GemmaAttentionImpl(const GemmaConfig& cfg, torch::TensorOptions options)
     : heads(cfg.heads), kv_heads(cfg.kv_heads), head_dim(cfg.head_dim) {

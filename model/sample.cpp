@@ -15,6 +15,7 @@
 #endif
 
 #include "kernels/fused_ops.h"
+#include "model/merged_gemm.h"
 #include "model/pi05.h"
 #include "profiler/scope.h"
 
@@ -32,19 +33,19 @@ void synchronize(const torch::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
 }
 
-// One GEMM over Linears that read the same input (the fused path's merged QKV), named for the profiler's GEMM
-// inventory as the training forward names it.
-torch::Tensor merged(const torch::Tensor& x, const std::vector<const LinearImpl*>& members) {
-  std::vector<torch::Tensor> weights;
-  std::vector<const std::string*> names;
-  int64_t n = 0;
-  for (const LinearImpl* l : members) {
-    weights.push_back(l->weight);
-    names.push_back(&l->fqn());
-    n += l->weight.size(0);
+// The training forward's merged GEMM (FP8 and LoRA adapters included), named for the profiler's GEMM inventory as
+// the training forward names it.
+torch::Tensor merged(const torch::Tensor& x, std::initializer_list<const LinearImpl*> members) {
+  if (profiler::scopes_enabled()) {
+    std::vector<const std::string*> names;
+    int64_t n = 0;
+    for (const LinearImpl* l : members) {
+      names.push_back(&l->fqn());
+      n += l->weight.size(0);
+    }
+    profiler::note_gemm(names, x.numel() / x.size(-1), x.size(-1), n);
   }
-  if (profiler::scopes_enabled()) profiler::note_gemm(names, x.numel() / x.size(-1), x.size(-1), n);
-  return kernels::merged_linear(x, weights);
+  return merged_gemm(x, members);
 }
 
 // [B, T, heads * D] (any strides with a unit last stride) -> [B, heads, T, D].

@@ -1,8 +1,8 @@
 // LoRA adapters and freezing on the tiny Pi0.5 (model/lora.h): a fresh adapter leaves the model as it was, the
-// fused path and the reference path agree with adapters, frozen weights get no gradient through the kernels' nodes,
-// the merged export equals base + (alpha / rank) B A and loads back, the adapters file round-trips and its reader
-// refuses bad files; on the GPU ([.gpu]), the CUDA kernels with adapters and frozen Linears against the fp64
-// reference.
+// fused path and the reference path agree with adapters (training and sampling), frozen weights get no gradient through
+// the kernels' nodes, the merged export equals base + (alpha / rank) B A and loads back, the adapters file round-trips
+// and its reader refuses bad files; on the GPU ([.gpu]), the CUDA kernels with adapters and frozen Linears against the
+// fp64 reference.
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
@@ -14,6 +14,7 @@
 #include "model/lora.h"
 #include "model/pi05.h"
 #include "model/safetensors_io.h"
+#include "model/sample.h"
 #include "model/state_dict.h"
 #include "temp_dir.h"
 
@@ -120,6 +121,26 @@ TEST_CASE("LoRA: adapters get gradients, base weights none, and the fused path m
   // SigLIP biases freeze with their Linear.
   CHECK(ref.grads.count(kVit + "1.mlp.fc2.bias") == 0);
   CHECK(ref.grads.count(kVit + "1.mlp.fc1.bias") == 1);
+}
+
+TEST_CASE("Sampling with adapters runs them on the fused path as on the reference path", "[model][lora][sample]") {
+  m::Pi05 net = tiny_model();
+  m::add_lora(*net, every_path(3), /*seed=*/4);
+  perturb_b(*net);
+  const auto batch = tiny_batch();
+  const torch::Tensor noise = m::sample_noise(2, 5, 32, 3).to(torch::kFloat64);
+  auto sample = [&](m::Kernels kernels) {
+    m::SampleOptions o;
+    o.num_steps = 2;
+    o.forward.kernels = kernels;
+    return m::Sampler(*net, o).sample(batch, noise);
+  };
+  const torch::Tensor ref = sample(m::Kernels::kReference), fused = sample(m::Kernels::kFused);
+  CHECK(torch::allclose(ref, fused, 1e-9, 1e-11));
+  m::Pi05 base = tiny_model();  // the same weights without adapters samples something else
+  m::SampleOptions o;
+  o.num_steps = 2;
+  CHECK_FALSE(torch::allclose(m::Sampler(*base, o).sample(batch, noise), ref, 1e-6, 1e-8));
 }
 
 TEST_CASE("Frozen weights under the fused GeGLU and GELU nodes get no gradient; every other gradient is unchanged",
