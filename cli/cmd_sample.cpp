@@ -14,6 +14,7 @@
 #include "cli/policy_options.h"
 #include "cli/torch_options.h"
 #include "cli/validators.h"
+#include "formats/numbers.h"
 #include "model/batch_io.h"
 #include "model/pi05.h"
 #include "model/safetensors_io.h"
@@ -39,12 +40,6 @@ struct SampleCliOptions {
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // Median latency of `runs` chunks end to end (device synchronized after each), then the same number of calls with
 // the phase split (synchronized at each boundary, so their sum slightly exceeds the end-to-end time).
 nlohmann::json bench(model::Sampler& sampler, const model::Pi05Batch& batch, const torch::Tensor& noise, int64_t runs,
@@ -69,12 +64,12 @@ nlohmann::json bench(model::Sampler& sampler, const model::Pi05Batch& batch, con
     suffix.push_back(t.suffix_ms);
   }
   return {{"runs", runs},
-          {"chunk_ms_median", median(chunk)},
+          {"chunk_ms_median", formats::median(chunk)},
           {"chunk_ms_min", *std::min_element(chunk.begin(), chunk.end())},
           {"chunk_ms_max", *std::max_element(chunk.begin(), chunk.end())},
-          {"vision_ms_median", median(vision)},
-          {"prefix_ms_median", median(prefix)},
-          {"suffix_ms_median", median(suffix)}};
+          {"vision_ms_median", formats::median(vision)},
+          {"prefix_ms_median", formats::median(prefix)},
+          {"suffix_ms_median", formats::median(suffix)}};
 }
 
 }  // namespace
