@@ -6,7 +6,8 @@
 #   bash scripts/pack-deps.sh && mkdir -p .ref && cp /path/to/pi05_torch_reference.py .ref/   (the PyTorch reference, kept outside this repository)
 #   device run: command "bash scripts/gpu-check.sh --ref compiled", carry [".deps", ".ref"]
 #
-# Environment: VLATUNE_COMMIT names the commit (else git's HEAD: a device copy's git metadata can lag the tree).
+# Environment: VLATUNE_COMMIT names the commit (else git's HEAD: a device copy's git metadata can lag the tree);
+# ARCHS the CUDA architectures (default 9.0; scripts/dev/gpu-build.sh).
 #
 # Options:
 #   --ref LIST     comma-separated reference variants to run in the same call (none by default):
@@ -65,13 +66,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 t0=$(date +%s)
 if [ "$no_build" = 0 ]; then
 log "build (build-gpu/)"
-prefix="$root/.deps/root/usr"
-[ -d "$prefix" ] || { echo "gpu-check: .deps missing: run scripts/pack-deps.sh here and carry .deps" >&2; exit 4; }
-commit="${VLATUNE_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}"
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DVLATUNE_PYTHON="$python" -DVLATUNE_CUDA=ON \
-  -DVLATUNE_GIT_COMMIT="$commit" \
-  -DCMAKE_PREFIX_PATH="$prefix" >/tmp/cmake.log 2>&1 || { cp /tmp/cmake.log "$out/"; tail -40 /tmp/cmake.log; exit 1; }
-ninja -C build-gpu -j "$(nproc)" >/tmp/build.log 2>&1 || { cp /tmp/build.log "$out/"; tail -60 /tmp/build.log; exit 1; }
+source scripts/dev/gpu-build.sh
+gpu_build /tmp || { cp /tmp/cmake.log /tmp/build.log "$out/" 2>/dev/null; exit 1; }
 build_s=$(( $(date +%s) - t0 ))
 echo "built in ${build_s}s"
 fi

@@ -62,13 +62,9 @@ t0=$(date +%s)
 spm="$root/.deps/sentencepiece"
 [ -d "$spm/lib" ] || { echo "inference-latency: no .deps/sentencepiece: run scripts/pack-deps.sh" >&2; exit 4; }
 export LD_LIBRARY_PATH="$spm/lib:${LD_LIBRARY_PATH:-}"
-commit="${VLATUNE_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}"
-# The server's headers come from .deps/serve/include (found through CMAKE_PREFIX_PATH, as .deps/root/usr's).
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DVLATUNE_PYTHON="$(command -v python3)" -DVLATUNE_CUDA=ON \
-  -DVLATUNE_GIT_COMMIT="$commit" -DCMAKE_PREFIX_PATH="$root/.deps/root/usr;$root/.deps/serve" \
-  -DVLATUNE_SENTENCEPIECE_ROOT="$spm" >"$out/cmake.log" 2>&1 || { tail -40 "$out/cmake.log"; exit 1; }
+source scripts/dev/gpu-build.sh
+gpu_build "$out" vlatune vlatune_tests_torch || exit 1
 grep -E "vlatune: (policy server|websocketpp|SentencePiece)" "$out/cmake.log" | tee -a "$summary"
-ninja -C build-gpu -j "$(nproc)" vlatune vlatune_tests_torch >"$out/build.log" 2>&1 || { tail -60 "$out/build.log"; exit 1; }
 note "built in $(( $(date +%s) - t0 ))s"
 v=build-gpu/cli/vlatune
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$summary"

@@ -29,13 +29,9 @@ ff="$root/.deps/ffmpeg" spm="$root/.deps/sentencepiece"
 export LD_LIBRARY_PATH="$ff/lib:$spm/lib:${LD_LIBRARY_PATH:-}"
 
 log "build (build-gpu/)"
-commit="${VLATUNE_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}"
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DVLATUNE_PYTHON="$(command -v python3)" -DVLATUNE_CUDA=ON \
-  -DVLATUNE_GIT_COMMIT="$commit" -DCMAKE_PREFIX_PATH="$root/.deps/root/usr" \
-  -DVLATUNE_FFMPEG_ROOT="$ff" -DVLATUNE_SENTENCEPIECE_ROOT="$spm" >"$out/cmake.log" 2>&1 ||
-  { tail -40 "$out/cmake.log"; exit 1; }
+source scripts/dev/gpu-build.sh
+gpu_build "$out" vlatune vlatune_make_lerobot || exit 1
 grep -E "vlatune: (Arrow|FFmpeg|SentencePiece)" "$out/cmake.log"
-ninja -C build-gpu -j "$(nproc)" vlatune vlatune_make_lerobot >"$out/build.log" 2>&1 || { tail -60 "$out/build.log"; exit 1; }
 vl=./build-gpu/cli/vlatune
 mk=./build-gpu/tests/vlatune_make_lerobot
 $vl --version

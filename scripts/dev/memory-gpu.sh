@@ -27,14 +27,9 @@ budget_int8="${BUDGET_INT8:-22}"
 t0=$(date +%s)
 el() { echo "[$(($(date +%s) - t0)) s]"; }
 
-prefix="$root/.deps/root/usr"
-[ -d "$prefix" ] || { echo "memory-gpu: .deps missing: run scripts/pack-deps.sh here and carry .deps" >&2; exit 4; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-commit="${VLATUNE_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}"
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DVLATUNE_PYTHON="$(command -v python3)" \
-  -DVLATUNE_CUDA=ON -DVLATUNE_CUDA_ARCHS="${ARCHS:-9.0}" -DVLATUNE_GIT_COMMIT="$commit" \
-  -DCMAKE_PREFIX_PATH="$prefix" >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
-ninja -C build-gpu -j "$(nproc)" vlatune vlatune_tests_torch >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+source scripts/dev/gpu-build.sh
+gpu_build "$out" vlatune vlatune_tests_torch || exit 1
 v=./build-gpu/cli/vlatune
 echo "$(el) built"; $v --version
 

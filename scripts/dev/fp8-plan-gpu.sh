@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The FP8 target's planned recipe, measured in one call: `vlatune profile` under the FP8 recipe with nothing
+# recomputed and no prompt trimming (the FP8 GEMMs, their casts and the recompute A/B rows measured as they run),
+# `vlatune plan --fp8 auto --batch 32 --memory-budget 57` from that profile, then the compiled FP8 PyTorch reference,
+# the planned recipe (under --max-memory 57) and the hand-written recipes/pi05_libero_h200_fp8.json (untrimmed), each
+# 14 steps at batch 32 on synthetic data. A table last: predicted vs measured, and each run's ratio to the reference.
+#
+#   bash scripts/pack-deps.sh; mkdir -p .ref && cp <pi05_torch_reference.py> .ref/
+#   device run: command "bash scripts/dev/fp8-plan-gpu.sh", carry [".deps", ".ref"]   (~8 min on one H200, built)
+# Options (environment): BUDGET (57), STEPS (14), REF (1: run the reference), ARCHS (9.0), PLAN_FLAGS (extra
+# `vlatune plan` flags, e.g. "--fp8-include paligemma_with_expert.paligemma.model.vision_tower").
+# Output: $OUT/profile.json, $OUT/plan.json, $OUT/plan.txt (--explain), $OUT/run_{planned,hand}.json, $OUT/*.log.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$root"
+out="${OUT:-$root/out}"
+mkdir -p "$out"
+budget="${BUDGET:-57}"
+steps="${STEPS:-14}"
+t0=$(date +%s)
+el() { echo "[$(($(date +%s) - t0)) s]"; }
+source scripts/dev/gpu-build.sh
+gpu_build "$out" vlatune || exit 1
+v=./build-gpu/cli/vlatune
+echo "$(el) built"
+
+untrimmed() {  # SRC DEST: the recipe without prompt trimming; "norc" also drops its recompute set
+  python3 - "$@" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+r.setdefault("data", {})["trim_text"] = False
+if len(sys.argv) > 3: r["recompute"] = {"modules": []}
+json.dump(r, open(sys.argv[2], "w"), indent=2)
+PY
+}
+untrimmed recipes/pi05_libero_h200_fp8.json "$out/fp8_profiled.json" norc
+untrimmed recipes/pi05_libero_h200_fp8.json "$out/hand.json"
+
+rm -rf /tmp/fp8-profile
+timeout 400 $v profile --config full --data synthetic --batch 32 --recipe "$out/fp8_profiled.json" --trace-steps 0 \
+  --warmup 3 --timed-steps 5 --ab-steps 2 --gemm-reps 5 --out /tmp/fp8-profile >"$out/profile.log" 2>&1
+echo "$(el) profile exit $?"
+cp /tmp/fp8-profile/profile.json "$out/profile.json"
+$v plan --profile /tmp/fp8-profile --fp8 auto --batch 32 --memory-budget "$budget" ${PLAN_FLAGS:-} \
+  --out "$out/planned.json" >"$out/plan.log" 2>&1
+echo "plan exit $?: $(tail -1 "$out/plan.log")"
+$v plan --profile /tmp/fp8-profile --fp8 auto --batch 32 --memory-budget "$budget" ${PLAN_FLAGS:-} --explain \
+  >"$out/plan.txt" 2>&1
+
+: >"$out/reference.jsonl"
+if [ "${REF:-1}" = 1 ]; then
+  PYTHONUNBUFFERED=1 python3 .ref/pi05_torch_reference.py --slots 2 --attn sdpa --recompute vit --compile layer \
+    --fp8 tensorwise --steps 10 --warmup 3 --tag compiled-fp8 >"$out/reference.log" 2>&1
+  grep RESULT "$out/reference.log" | sed 's/^RESULT //' >>"$out/reference.jsonl"
+  echo "$(el) reference: $(tail -1 "$out/reference.jsonl")"
+fi
+
+for name in planned hand; do
+  [ -f "$out/$name.json" ] || continue
+  rm -rf "/tmp/fp8-$name"
+  timeout 240 $v train --config full --data synthetic --recipe "$out/$name.json" --steps "$steps" --seed 0 \
+    --timing-warmup 3 --max-memory "$budget" --out "/tmp/fp8-$name" --no-progress --log-every 5 --no-save \
+    >"$out/train_$name.log" 2>&1
+  echo "$(el) $name exit $?: $(tail -1 "$out/train_$name.log")"
+  cp "/tmp/fp8-$name/run.json" "$out/run_$name.json" 2>/dev/null
+done
+
+python3 - "$out" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+def load(p):
+    try: return json.load(open(os.path.join(out, p)))
+    except (OSError, ValueError): return None
+ref = None
+for line in open(os.path.join(out, "reference.jsonl")):
+    ref = json.loads(line)
+if ref: print(f"reference compiled-fp8: {ref['samples_per_s']:.2f} samples/s, peak {ref['peak_gib']:.2f} GiB")
+print("| recipe | recompute | FP8 patterns | predicted samples/s | samples/s (median) | prediction error | "
+      "predicted peak GiB | peak GiB | vs reference |")
+print("|---|---|---|---|---|---|---|---|---|")
+for name in ("planned", "hand"):
+    r, run = load(f"{name}.json"), load(f"run_{name}.json")
+    if r is None: continue
+    pred = r.get("predicted", {})
+    sps = run.get("samples_per_s_median") if run else None
+    p_sps = pred.get("samples_per_s")
+    err = f"{100 * (p_sps / sps - 1):+.1f}%" if sps and p_sps else "n/a"
+    vs = f"{sps / ref['samples_per_s']:.3f}x" if sps and ref else "n/a"
+    f = lambda x: f"{x:.2f}" if isinstance(x, (int, float)) else "n/a"
+    print(f"| {name} | {len(r.get('recompute', {}).get('modules', []))} | {len(r.get('fp8', {}).get('modules', []))} | "
+          f"{f(p_sps)} | {f(sps)} | {err} | {f(pred.get('peak_gib'))} | {f(run.get('peak_gib') if run else None)} | {vs} |")
+PY
+echo "$(el) done"

@@ -1,0 +1,29 @@
+# Sourced by the GPU scripts (scripts/gpu-check.sh, scripts/dev/*-gpu.sh): one configure-and-build of build-gpu/
+# against the GPU machine's torch wheel and what .deps carries (scripts/pack-deps.sh: Debian packages, and FFmpeg,
+# SentencePiece and the policy server's headers where packed).
+#   gpu_build LOG_DIR [ninja target...]   (all targets when none; cmake.log and build.log go to LOG_DIR)
+# Expects $root (the repository root). ARCHS: CUDA architectures (default 9.0, the H200; "8.0;8.6;8.9;9.0+PTX" is
+# the release set). VLATUNE_COMMIT names the commit (else git's HEAD: a device copy's git metadata can lag the tree).
+# Exports LD_LIBRARY_PATH for the carried shared libraries. Returns 4 without .deps, 1 on a failed step (log tail
+# printed).
+gpu_build() {
+  local log_dir="$1"
+  shift
+  local deps="$root/.deps"
+  local prefix="$deps/root/usr"
+  [ -d "$prefix" ] || { echo "gpu_build: .deps missing: run scripts/pack-deps.sh here and carry .deps" >&2; return 4; }
+  [ -d "$deps/serve/include" ] && prefix="$prefix;$deps/serve"
+  local extra=() lib
+  for lib in ffmpeg sentencepiece; do
+    [ -d "$deps/$lib/lib" ] || continue
+    extra+=("-DVLATUNE_$(echo "$lib" | tr a-z A-Z)_ROOT=$deps/$lib")
+    export LD_LIBRARY_PATH="$deps/$lib/lib:${LD_LIBRARY_PATH:-}"
+  done
+  local commit="${VLATUNE_COMMIT:-$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}"
+  mkdir -p "$log_dir"
+  cmake -S "$root" -B "$root/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DVLATUNE_PYTHON="$(command -v python3)" \
+    -DVLATUNE_CUDA=ON -DVLATUNE_CUDA_ARCHS="${ARCHS:-9.0}" -DVLATUNE_GIT_COMMIT="$commit" \
+    -DCMAKE_PREFIX_PATH="$prefix" "${extra[@]}" >"$log_dir/cmake.log" 2>&1 ||
+    { tail -40 "$log_dir/cmake.log"; return 1; }
+  ninja -C "$root/build-gpu" -j "$(nproc)" "$@" >"$log_dir/build.log" 2>&1 || { tail -60 "$log_dir/build.log"; return 1; }
+}
