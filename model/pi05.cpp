@@ -446,10 +446,8 @@ void Pi05Impl::set_fp8(const std::vector<std::string>& fqns, const Fp8Config& co
                                   "' is not a Linear module of the model (FP8 applies to Linears)");
     // Merged GEMMs: a choice for one member covers its siblings.
     const std::vector<std::string> members = layout::merged_gemm_members(fqn);
-    if (formats::fqn_within(fqn, layout::kVisionTower) && (members.size() > 1 || fqn.substr(fqn.rfind('.')) == ".fc2"))
-      throw std::invalid_argument("set_fp8: '" + fqn +
-                                  "': the SigLIP q/k/v projections (one merged GEMM) and fc2 (fused with the GELU) "
-                                  "have no FP8 form yet; of the vision tower, out_proj and fc1 can run in FP8");
+    if (const std::string missing = layout::fp8_form_missing(fqn); !missing.empty())
+      throw std::invalid_argument("set_fp8: '" + fqn + "': " + missing);
     for (const std::string& member : members) {
       const LinearImpl& l = *linears.at(member);
       const std::string problem = float8_shape_problem(l.weight.size(1), l.weight.size(0));

@@ -72,6 +72,24 @@ TEST_CASE("FP8 is chosen only where bf16 / (FP8 + casts) beats the margin", "[tu
   }
 }
 
+TEST_CASE("FP8 is never chosen for a Linear the trainer has no FP8 form of, even when included", "[tuner][fp8]") {
+  const std::string vit = "paligemma_with_expert.paligemma.model.vision_tower.vision_model.encoder.layers.0.";
+  formats::GemmEntry qkv = gemm(vit + "self_attn.q_proj+k_proj+v_proj", 1.0, 0.3, 0.05);
+  qkv.members = {vit + "self_attn.q_proj", vit + "self_attn.k_proj", vit + "self_attn.v_proj"};
+  const std::vector<formats::GemmEntry> gemms = {qkv, gemm(vit + "mlp.fc2", 1.0, 0.3, 0.05),
+                                                 gemm(vit + "mlp.fc1", 1.0, 0.3, 0.05)};
+  Fp8Options o;
+  o.include = {"paligemma_with_expert.paligemma.model.vision_tower"};
+  const Fp8Selection s = solve_fp8_set(gemms, o);
+  REQUIRE(s.verdicts.size() == 3);
+  for (int i : {0, 1}) {
+    INFO(s.verdicts[i].name);
+    CHECK_FALSE(s.verdicts[i].selected);
+    CHECK(s.verdicts[i].reason.find("no FP8 form") != std::string::npos);
+  }
+  CHECK(s.verdicts[2].selected);  // fc1 runs in FP8
+}
+
 TEST_CASE("FP8 exclusion patterns cover modules and everything inside them", "[tuner][fp8]") {
   CHECK(pattern_covers("paligemma_with_expert.paligemma.model.vision_tower",
                        "paligemma_with_expert.paligemma.model.vision_tower.vision_model.encoder.layers.3.mlp.fc1"));

@@ -314,10 +314,19 @@ TEST_CASE(
   const Step got = step(*gpu, batch, m::Kernels::kAuto);
   // fp32 on the GPU (cuDNN may run the patch convolution in TF32) against fp64 on the CPU.
   CHECK(std::abs(got.loss.item<double>() / want.loss.item<double>() - 1) < 2e-3);
+  const std::string key_bias = "self_attn.k_proj.bias";
+  double largest = 0;  // the largest gradient norm: the scale of the noise
+  for (const auto& item : want.grads) largest = std::max(largest, item.second.norm().item<double>());
   for (const auto& [name, g] : want.grads) {
     INFO(name);
     REQUIRE(got.grads.count(name) == 1);
     const torch::Tensor a = g.flatten(), b = got.grads.at(name).cpu().to(torch::kFloat64).flatten();
+    if (name.size() > key_bias.size() && name.compare(name.size() - key_bias.size(), key_bias.size(), key_bias) == 0) {
+      // A key bias adds one logit to every key of a query row: softmax ignores it, so its exact gradient is zero
+      // and both sides hold rounding noise (a cosine of noise means nothing).
+      CHECK(b.norm().item<double>() < 1e-4 * largest);
+      continue;
+    }
     if (a.norm().item<double>() > 0) CHECK(torch::cosine_similarity(a, b, 0).item<double>() > 0.999);
   }
   CHECK(got.grads.size() == want.grads.size());
