@@ -54,6 +54,10 @@ struct PlanOptions {
   // This machine's main memory (GiB): the budget's base for a CPU profile, which records no device memory.
   std::optional<double> host_memory_gib;
   std::optional<formats::StateDtype> optimizer_state;  // --optimizer-state; unset: the profiled recipe's
+  // What trains: set by the --allow freeze and --allow lora variants (plan_variants.h), not by a flag; empty: the
+  // profiled recipe's freezing and LoRA.
+  formats::Recipe::Freeze freeze;
+  formats::Recipe::Lora lora;
 };
 
 struct RankedCandidate {
