@@ -6,6 +6,7 @@
 //                                         profiled GPU (bytes) and what does not (time)
 //   2. fit             (cost_model.h)     validate the profile, fit the batch, calibrate with the A/B rows; warn of
 //                                         a noisy profile; price the planned optimizer state (--optimizer-state)
+//                                         and what trains (freezing, LoRA: trainable_change.h)
 //   3. batch+recompute (batch_choice.h, recompute_solver.h)  the global batch kept (--global-batch, else the
 //                                         profiled recipe's): the micro-batches dividing it, each with the grad_accum
 //                                         that makes it up; exact least-time recompute per micro-batch; most
