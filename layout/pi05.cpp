@@ -293,6 +293,26 @@ LoraPresetSpec lora_preset(formats::LoraPreset) {
   return spec;
 }
 
+std::vector<BackwardFree> backward_free_modules(const std::vector<std::string>& frozen, int64_t joint_depth) {
+  auto is_frozen = [&frozen](const std::string& module) {
+    return std::any_of(frozen.begin(), frozen.end(),
+                       [&](const std::string& f) { return formats::fqn_within(module, f); });
+  };
+  std::vector<BackwardFree> out;
+  const bool vision = is_frozen(kVisionTower);
+  if (vision) out.push_back({kVisionTower, {}});
+  const bool projector = vision && is_frozen(kProjector);
+  if (projector) out.push_back({kProjector, {}});
+  const bool embed = is_frozen(kEmbedTokens);
+  if (embed) out.push_back({kEmbedTokens, {}});
+  bool upstream_frozen = projector && embed;  // both inputs of layer 0
+  for (int64_t i = 0; i < joint_depth && upstream_frozen; ++i) {
+    upstream_frozen = is_frozen(prefix_layer(i));
+    if (upstream_frozen) out.push_back({prefix_layer(i), {expert_layer(i), prefix_layer(i) + ".self_attn"}});
+  }
+  return out;
+}
+
 bool row_sparse_gradient(const std::string& param_name) {
   return param_name == kEmbedTokensWeight;
 }

@@ -133,6 +133,21 @@ struct LoraPresetSpec {
 // and the action/time projections stay trainable.
 LoraPresetSpec lora_preset(formats::LoraPreset preset);
 
+// ---- Where the backward runs under freezing ----
+// Pi0.5's data flow ahead of the action expert: vision tower -> projector -> language-model layer 0, the token
+// embedding -> layer 0, layer i -> layer i + 1 (the prefix); the expert reads every prefix layer's K/V, and the loss
+// is on the expert's output, so the expert and the action/time projections always run their backward. A module
+// runs none when it and everything upstream of it are frozen: nothing it computes needs a gradient.
+struct BackwardFree {
+  std::string root;  // a module whose own backward does not run
+  // What still runs backward inside its scope at run time: a prefix layer's scope encloses the joint layer, so the
+  // expert's layer i, and the joint attention (the expert's queries attend over the prefix's keys and values).
+  std::vector<std::string> kept;
+};
+// The modules that run no backward once `frozen` (module FQNs frozen whole, resolved) is frozen, in forward order,
+// for a model of `joint_depth` joint layers. A module counts as frozen when it lies inside one of `frozen`.
+std::vector<BackwardFree> backward_free_modules(const std::vector<std::string>& frozen, int64_t joint_depth);
+
 // A LoRA'd Linear's adapter parameters: `<linear>.lora_A` [rank, in] and `<linear>.lora_B` [out, rank].
 inline const std::string kLoraA = "lora_A";
 inline const std::string kLoraB = "lora_B";

@@ -29,6 +29,12 @@ const std::vector<AllowedChangeInfo>& allowed_change_table() {
        "change the global batch: any micro-batch at the profiled grad_accum, the most samples/s"},
       {AllowedChange::kOptimizerState, "optimizer-state",
        "store AdamW's moments in 8 bits (int8-blockwise) when nothing fits otherwise or it buys samples/s"},
+      {AllowedChange::kFreeze, "freeze",
+       "freeze the vision encoder (freeze_vision_encoder), or when that does not fit all of PaliGemma "
+       "(train_expert_only): no gradients, moments or backward for them"},
+      {AllowedChange::kLora, "lora",
+       "LoRA on both Gemma towers (lora preset openpi, their own weights frozen) when nothing freezing less fits "
+       "or it buys samples/s"},
   };
   return table;
 }

@@ -18,6 +18,8 @@ namespace vlatune::tuner {
 enum class AllowedChange {
   kGlobalBatch,     // "global-batch": any micro-batch at the profiled recipe's grad_accum (most samples/s)
   kOptimizerState,  // "optimizer-state": AdamW's moments in 8 bits (optimizer.state_dtype "int8-blockwise")
+  kFreeze,          // "freeze": freeze.presets freeze_vision_encoder, else train_expert_only (the least that fits)
+  kLora,            // "lora": lora.preset "openpi" (adapters on both Gemma towers, their own weights frozen)
 };
 
 struct AllowedChangeInfo {

@@ -37,10 +37,14 @@ std::vector<BatchOption> evaluate_batches(const CostModel& model, double budget_
     o.grad_accum = shape.grad_accum;
     RecomputeProblem problem;
     o.at = recompute_problem(model, b, budget_gib, problem, shape.grad_accum);
-    // The least memory this batch can take: every root unit recomputed.
+    // The least memory this batch can take: every outermost candidate unit recomputed.
     std::vector<int> all_roots;
-    for (size_t i = 0; i < problem.items.size(); ++i)
-      if (problem.items[i].parent < 0) all_roots.push_back(static_cast<int>(i));
+    for (size_t i = 0; i < problem.items.size(); ++i) {
+      bool outermost = problem.items[i].allowed;  // a unit frozen out of the candidates holds nothing
+      for (int a = problem.items[i].parent; outermost && a >= 0; a = problem.items[static_cast<size_t>(a)].parent)
+        outermost = !problem.items[static_cast<size_t>(a)].allowed;
+      if (outermost) all_roots.push_back(static_cast<int>(i));
+    }
     o.min_peak_gib = o.at.other_gib + static_cast<double>(evaluate_recompute(problem, all_roots).peak_bytes) / kGiB;
     o.recompute = solve_recompute(problem);
     o.feasible = o.recompute.best.feasible;

@@ -105,10 +105,15 @@ bool inside_selection(const CostModel& model, const std::vector<int>& selection,
   return false;
 }
 
-double accumulation_gib(const CostModel& model, int grad_accum, double batch) {
-  if (grad_accum <= 1 || model.profiled_grad_accum != 1) return 0.0;
-  const double held = model.backward_over_forward_gib ? model.backward_over_forward_gib->at(batch) : 0.0;
-  return std::clamp(model.gradient_gib - held, 0.0, model.gradient_gib);
+double gradient_delta_gib(const CostModel& model, int grad_accum, double batch) {
+  const double all = model.gradient_gib;
+  const double planned = model.trainable.active ? model.trainable.gradient_gib : all;
+  const double held =
+      std::clamp(model.backward_over_forward_gib ? model.backward_over_forward_gib->at(batch) : 0.0, 0.0, all);
+  const bool profiled_accumulates = model.profiled_grad_accum != 1;
+  const double profiled_at_peak = profiled_accumulates ? all : held;
+  const double planned_at_peak = grad_accum > 1 || profiled_accumulates ? planned : std::min(held, planned);
+  return planned_at_peak - profiled_at_peak;
 }
 
 RecomputeAtBatch recompute_problem(const CostModel& model, int64_t batch, double budget_gib, RecomputeProblem& problem,
@@ -116,21 +121,30 @@ RecomputeAtBatch recompute_problem(const CostModel& model, int64_t batch, double
   const double b = static_cast<double>(batch);
   problem = RecomputeProblem{};
   problem.quantum_bytes = int64_t{1} << 20;  // 1 MiB: at most ~0.1 GiB conservative over 100 segments
-  for (const UnitModel& u : model.units) {
+  const TrainableChange& t = model.trainable;
+  for (size_t i = 0; i < model.units.size(); ++i) {
+    const UnitModel& u = model.units[i];
+    // Freezing: a unit whose backward no longer runs holds nothing (the rows' bytes leave below); one that keeps part
+    // of its backward holds the rest.
+    const bool gone = t.active && t.unit_no_backward[i];
+    const double removed = t.active ? t.unit_act_removed[i].at(b) : 0.0;
     RecomputeItem item;
     item.parent = u.parent;
-    item.act_bytes = static_cast<int64_t>(std::llround(std::max(0.0, u.act_bytes.at(b))));
+    item.act_bytes = gone ? 0 : static_cast<int64_t>(std::llround(std::max(0.0, u.act_bytes.at(b) - removed)));
     item.out_bytes = std::min(item.act_bytes, static_cast<int64_t>(std::llround(std::max(0.0, u.out_bytes.at(b)))));
     item.cost_ms = std::max(0.0, u.recompute_ms.at(b));
-    item.forced = u.baseline && !u.size_known;
+    item.forced = u.baseline && !u.size_known && !gone;
     problem.items.push_back(item);
   }
   RecomputeAtBatch at;
   at.batch = b;
   const RecomputeEvaluation base = evaluate_recompute(problem, model.baseline_units);
+  for (size_t i = 0; i < problem.items.size(); ++i)
+    if (t.active && t.unit_no_backward[i]) problem.items[i].allowed = false;  // after the baseline, which may hold it
   at.baseline_act_peak_bytes = static_cast<double>(base.peak_bytes);
   at.other_gib = model.peak_gib.at(b) - at.baseline_act_peak_bytes / kGiB + model.optimizer_delta_gib +
-                 accumulation_gib(model, grad_accum, b);
+                 gradient_delta_gib(model, grad_accum, b) +
+                 (t.active ? t.fixed_gib - std::max(0.0, t.activation_removed_bytes.at(b)) / kGiB : 0.0);
   const double budget_bytes = (budget_gib - at.other_gib) * kGiB;
   problem.budget_bytes = budget_bytes < 0 ? -1 : static_cast<int64_t>(budget_bytes);
   return at;
@@ -158,10 +172,14 @@ Prediction predict(const CostModel& model, const Candidate& c, int grad_accum, i
     p.fp8_ms += gemm_ms(gemm, planned_fp8, recomputed, scale) - gemm_ms(gemm, profiled_fp8, recomputed, scale);
   }
   p.comm_ms = c.comm_exposed_ms;
+  const TrainableChange& t = model.trainable;
+  const double micro_trainable_ms = t.active ? t.micro_ms(b, static_cast<double>(model.profiled_batch)) : 0.0;
+  const double optimizer_ms = t.active ? t.optimizer_ms : model.optimizer_ms;
   // The profiled step holds profiled_grad_accum micro-batches and one optimizer update.
-  const double micro_ms =
-      (model.step_ms.at(b) + p.recompute_ms + p.fp8_ms - model.optimizer_ms) / model.profiled_grad_accum;
-  p.step_ms = grad_accum * micro_ms + model.optimizer_ms + p.comm_ms;
+  const double micro_ms = (model.step_ms.at(b) + p.recompute_ms + p.fp8_ms + micro_trainable_ms - model.optimizer_ms) /
+                          model.profiled_grad_accum;
+  p.trainable_ms = grad_accum * micro_trainable_ms / model.profiled_grad_accum + optimizer_ms - model.optimizer_ms;
+  p.step_ms = grad_accum * micro_ms + optimizer_ms + p.comm_ms;
   p.samples_per_s = p.step_ms > 0 ? b * grad_accum * world_size / (p.step_ms / 1e3) : 0;
   return p;
 }

@@ -74,6 +74,31 @@ struct Calibration {
   std::string note;  // clamps, fallbacks
 };
 
+// What freezing and LoRA (recipe `freeze`, `lora`) change against the profiled recipe, which trains everything: set
+// by plan_trainable (trainable_change.h), empty (`active` false) otherwise. Times are per profiled step's worth of
+// micro-batches, as the module rows; bytes as the recompute model's.
+struct TrainableChange {
+  bool active = false;
+  std::vector<std::string> frozen;       // modules frozen whole (resolved FQNs)
+  std::vector<std::string> no_backward;  // modules whose backward no longer runs (layout::backward_free_modules)
+  std::vector<std::string> kept;         // what still runs backward inside them (their scopes at run time)
+  LinearFit backward_removed_ms;         // the rows' backward of `no_backward` less `kept`
+  double gemm_removed_ms = 0;  // at the profiled batch: weight gradients (and dead input gradients) of frozen GEMMs
+  double adapter_ms = 0;       // at the profiled batch: the LoRA adapters' GEMMs (an estimate)
+  LinearFit activation_removed_bytes;       // the rows of `no_backward` less `kept`: held no more
+  std::vector<char> unit_no_backward;       // per unit: inside `no_backward` (no candidate, no bytes)
+  std::vector<LinearFit> unit_act_removed;  // per unit: activation bytes of `no_backward` inside it
+  double frozen_numel = 0, adapter_numel = 0, trainable_numel = 0, total_numel = 0;
+  double frozen_parameter_bytes = 0;  // outermost frozen rows' parameter_bytes
+  double fixed_gib = 0;     // held at every phase: adapters' parameters, minus frozen moments, plus adapters' moments
+  double gradient_gib = 0;  // the trainable parameters' gradients (the profile's are CostModel::gradient_gib)
+  double state_delta_gib = 0;  // gradients + moments + adapters moved, against the profiled training
+  double optimizer_ms = 0;     // the "<optimizer>" row scaled by trainable over all elements
+  double micro_ms(double batch, double profiled_batch) const {
+    return -backward_removed_ms.at(batch) + (adapter_ms - gemm_removed_ms) * batch / profiled_batch;
+  }
+};
+
 struct CostModel {
   std::string file;  // labels errors
   formats::Profile profile;
@@ -98,6 +123,7 @@ struct CostModel {
   double optimizer_ms = 0;      // the "<optimizer>" row of batches[0] (self_ms): once per optimizer step
   double gradient_gib = 0;      // memory.gradient_bytes of batches[0] (else the parameters'): held when accumulating
   std::optional<LinearFit> backward_over_forward_gib;  // peak minus the forward phase's peak, when both measured
+  TrainableChange trainable;
 };
 
 // Bytes of AdamW's two moments for `numel` parameters stored in `element_bytes` each: "auto" keeps the moments in
@@ -164,13 +190,14 @@ struct RecomputeAtBatch {
   double baseline_act_peak_bytes = 0;  // the memory model's activation peak of the profiled selection
   double other_gib = 0;                // predicted peak minus the activation peak: what recompute cannot change
 };
-// grad_accum: the plan's (accumulation_gib() moves what recompute cannot change).
+// grad_accum: the plan's (gradient_delta_gib() moves what recompute cannot change).
 RecomputeAtBatch recompute_problem(const CostModel& model, int64_t batch, double budget_gib, RecomputeProblem& problem,
                                    int grad_accum = 1);
 
-// What accumulating over grad_accum micro-batches adds to the profiled recipe's peak at micro-batch b, when the
-// profile did not accumulate and the plan does (a profile that accumulated already holds them: 0 either way).
-double accumulation_gib(const CostModel& model, int grad_accum, double batch);
+// What the gradients held at the peak add to the profiled recipe's at micro-batch b. Accumulating holds every
+// trainable parameter's gradient (a profile that accumulated held them all); without accumulation the peak holds
+// what the profiled one did (its backward peak above its forward peak), at most the trainable gradients.
+double gradient_delta_gib(const CostModel& model, int grad_accum, double batch);
 
 // What one recipe is predicted to do.
 struct Candidate {
@@ -185,6 +212,7 @@ struct Prediction {
   double recompute_ms = 0;  // recompute time relative to the profiled selection at this batch
   double fp8_ms = 0;        // FP8 time change (negative = faster)
   double comm_ms = 0;       // exposed communication
+  double trainable_ms = 0;  // freezing and LoRA: backward removed, adapters added, the optimizer rescaled
 };
 
 // One optimizer step of grad_accum micro-batches on each of world_size GPUs (recipe semantics): the time of

@@ -9,6 +9,7 @@
 #include "formats/numbers.h"
 #include "layout/pi05.h"
 #include "tuner/fp8_selector.h"
+#include "tuner/trainable_change.h"
 
 namespace vlatune::tuner {
 
@@ -104,9 +105,16 @@ std::vector<CommPiece> comm_pieces(const CostModel& m, int64_t batch, const std:
   std::vector<CommPiece> out;
   for (const layout::GroupPiece& gp : layout::group_pieces(m.module_fqns)) {
     CommPiece p{gp.name, gp.unit, gp.roots, 0, 0};
+    const TrainableChange& t = m.trainable;
+    auto within = [](const std::string& fqn, const std::vector<std::string>& modules) {
+      return std::any_of(modules.begin(), modules.end(),
+                         [&](const std::string& x) { return formats::fqn_within(fqn, x); });
+    };
     for (const std::string& root : gp.roots) {
-      p.backward_ms += root_backward_ms(m, root, static_cast<double>(batch));
-      p.grad_bytes += root_parameter_bytes(m, root) / param_elem * reduce_elem;
+      if (!t.active || !within(root, t.no_backward) || within(root, t.kept))
+        p.backward_ms += root_backward_ms(m, root, static_cast<double>(batch));
+      if (!t.active || !within(root, t.frozen))  // frozen: no gradient to reduce (LoRA adapters: a few MB, left out)
+        p.grad_bytes += root_parameter_bytes(m, root) / param_elem * reduce_elem;
     }
     for (int u : recompute) {
       const std::string& name = m.units[static_cast<size_t>(u)].spec.aliases[0];
@@ -169,8 +177,9 @@ std::vector<Rationale> recompute_rationale(const FitStep& fit, const BatchOption
   std::map<std::string, std::vector<int>> added, removed;
   for (int u : now)
     if (!before.count(u)) added[m.units[static_cast<size_t>(u)].spec.kind].push_back(u);
-  for (int u : before)
-    if (!now.count(u)) removed[m.units[static_cast<size_t>(u)].spec.kind].push_back(u);
+  for (int u : before)  // a unit whose backward freezing removed is the freezing's decision, not recompute's
+    if (!now.count(u) && !(m.trainable.active && m.trainable.unit_no_backward[static_cast<size_t>(u)]))
+      removed[m.units[static_cast<size_t>(u)].spec.kind].push_back(u);
   const double act_peak_gib = static_cast<double>(chosen.recompute.best.peak_bytes) / kGiB;
   const double act_budget_gib = static_cast<double>(problem.budget_bytes) / kGiB;
   const std::string batch = std::to_string(chosen.batch);
@@ -269,6 +278,11 @@ std::string batch_shape(int64_t micro_batch, int grad_accum) {
          (grad_accum > 1 ? " x grad_accum " + std::to_string(grad_accum) : "");
 }
 
+bool trainable_planned(const PlanInputs& in) {
+  const formats::Recipe::Freeze& f = in.options.freeze;
+  return !f.presets.empty() || !f.modules.empty() || in.options.lora.preset || !in.options.lora.targets.empty();
+}
+
 formats::StateDtype planned_state_dtype(const PlanInputs& in) {
   return in.options.optimizer_state.value_or(in.profile.recipe.optimizer.state_dtype);
 }
@@ -276,6 +290,10 @@ formats::StateDtype planned_state_dtype(const PlanInputs& in) {
 Recipe base_recipe(const PlanInputs& in) {
   Recipe base = in.profile.recipe;
   base.optimizer.state_dtype = planned_state_dtype(in);
+  if (trainable_planned(in)) {
+    base.freeze = in.options.freeze;
+    base.lora = in.options.lora;
+  }
   base.rationale.clear();
   base.groups.clear();
   base.distributed.world_size = in.options.world_size;
@@ -293,6 +311,11 @@ FitStep fit_step(const PlanInputs& in) {
   const int shards = in.profile.recipe.distributed.shard_optimizer_state ? in.options.world_size : 1;
   const double state_delta_gib =
       plan_optimizer_state(out.model, state_dtype, shards);  // before pricing: `priced` copies it
+  if (trainable_planned(in)) {
+    const TrainableSelection selection =
+        resolve_trainable(in.profile, in.options.freeze, in.options.lora, in.trainable_source);
+    plan_trainable(out.model, selection, state_dtype, shards, in.trainable_source);
+  }
   out.priced = price_gemm_units(in, out.model);
   const CostModel& m = out.model;
   const formats::BatchProfile& b0 = in.profile.batches[0];
@@ -341,6 +364,26 @@ FitStep fit_step(const PlanInputs& in) {
                         {"memory_factor", c.memory_factor}}});
   }
   for (const std::string& note : m.notes) out.why.push_back({"cost model note", note, {}});
+  if (m.trainable.active) {
+    const TrainableChange& t = m.trainable;
+    std::vector<std::string> what;
+    for (formats::FreezePreset p : in.options.freeze.presets)
+      what.push_back(std::string("freeze ") + formats::to_string(p));
+    if (!in.options.freeze.modules.empty()) what.push_back("freeze " + join(in.options.freeze.modules));
+    if (in.options.lora.preset) what.push_back(std::string("lora ") + formats::to_string(*in.options.lora.preset));
+    if (!in.options.lora.targets.empty()) what.push_back("lora targets");
+    out.why.push_back(
+        {"trains: " + join(what),
+         in.trainable_source + ": " + describe_trainable(m, static_cast<double>(m.profiled_batch)),
+         {{"frozen_parameters", t.frozen_numel},
+          {"adapter_parameters", t.adapter_numel},
+          {"training_state_delta_gib", t.state_delta_gib},
+          {"backward_removed_ms", t.backward_removed_ms.at(static_cast<double>(m.profiled_batch))},
+          {"activation_removed_gib", t.activation_removed_bytes.at(static_cast<double>(m.profiled_batch)) / kGiB},
+          {"frozen_gemm_ms", t.gemm_removed_ms},
+          {"adapter_ms_estimate", t.adapter_ms},
+          {"optimizer_ms", t.optimizer_ms}}});
+  }
   if (state_dtype != profiled_state) {
     out.why.push_back({std::string("optimizer state ") + formats::to_string(state_dtype),
                        in.state_source + ": AdamW's moments " + fixed(state_delta_gib, 2) +

@@ -34,7 +34,12 @@ struct PlanInputs {
   std::string fp8_unavailable;
   // What set the planned optimizer state, for the rationale.
   std::string state_source = "--optimizer-state";
+  // What set the planned freezing and LoRA (options.freeze, options.lora), for the rationale and errors.
+  std::string trainable_source = "the profiled recipe";
 };
+
+// The plan freezes or uses LoRA (options.freeze, options.lora set): priced against the profiled recipe.
+bool trainable_planned(const PlanInputs& in);
 
 // --fp8 auto on a GPU that has FP8.
 bool fp8_planned(const PlanInputs& in);

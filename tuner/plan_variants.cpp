@@ -5,6 +5,8 @@
 #include <iterator>
 
 #include "formats/numbers.h"
+#include "layout/pi05.h"
+#include "tuner/trainable_change.h"
 
 namespace vlatune::tuner {
 
@@ -27,7 +29,52 @@ std::string shape_of(const Planned& p) {
   return batch_shape(p.rc.choice().batch, p.rc.choice().grad_accum);
 }
 
+// The rationale of freezing or LoRA: `why` (what allowed it; what it bought), what it moved, what it means for
+// training.
+Rationale trainable_rationale(const Planned& pick, AllowedChange change, const std::string& why) {
+  const TrainableChange& t = pick.fit.model.trainable;
+  const formats::Recipe::Freeze& freeze = pick.variant.options.freeze;
+  const double batch = static_cast<double>(pick.rc.choice().batch);
+  const double pb = static_cast<double>(pick.fit.model.profiled_batch);
+  std::map<std::string, double> n = {{"training_state_delta_gib", t.state_delta_gib},
+                                     {"frozen_parameters", t.frozen_numel},
+                                     {"adapter_parameters", t.adapter_numel},
+                                     {"backward_removed_ms", t.backward_removed_ms.at(batch)},
+                                     {"activation_removed_gib", t.activation_removed_bytes.at(batch) / kGiB}};
+  const std::string moved = "the training state (gradients, AdamW moments" +
+                            std::string(t.adapter_numel > 0 ? ", adapters" : "") + ") moves by " +
+                            fixed(t.state_delta_gib, 2) + " GiB";
+  const size_t split = why.find("; ");
+  const std::string allowed_by = why.substr(0, split + 2), bought = why.substr(split + 2);
+  if (change == AllowedChange::kFreeze) {
+    const std::string preset = freeze.presets.empty() ? "" : formats::to_string(freeze.presets[0]);
+    return {"freeze " + preset,
+            allowed_by + fixed(t.frozen_numel / 1e6, 0) + "M parameters frozen: " + moved + "; " +
+                fixed(t.backward_removed_ms.at(batch), 1) + " ms of backward and " +
+                fixed(t.activation_removed_bytes.at(batch) / kGiB, 2) +
+                " GiB of activations removed per profiled step's worth of micro-batch " + fixed(batch, 0) + ": " +
+                bought + ". This trains a different set of parameters: retune the learning rate",
+            n};
+  }
+  n["adapter_ms_estimate"] = t.adapter_ms * batch / pb;
+  return {"lora openpi (rank 16 on the language model, 32 on the action expert: attention and MLP Linears)",
+          allowed_by + "both Gemma towers' own weights frozen, " + fixed(t.adapter_numel / 1e6, 1) +
+              "M adapter parameters trained: " + moved + "; their weight gradients go (" +
+              fixed(t.gemm_removed_ms * batch / pb, 1) + " ms) and the adapters add an estimated " +
+              fixed(t.adapter_ms * batch / pb, 1) + " ms: " + bought +
+              ". This trains a different set of parameters (retune the learning rate); the export merges the "
+              "adapters into the base weights",
+          n};
+}
+
 }  // namespace
+
+int trainable_level(const Variant& v) {
+  int level = 0;
+  for (formats::FreezePreset p : v.options.freeze.presets)
+    level = std::max(level, p == formats::FreezePreset::kFreezeVisionEncoder ? 1 : 2);
+  return level + (v.options.lora.preset ? 3 : 0);
+}
 
 std::vector<Variant> training_variants(const formats::Profile& profile, const PlanOptions& o,
                                        const GlobalBatch& global) {
@@ -37,28 +84,54 @@ std::vector<Variant> training_variants(const formats::Profile& profile, const Pl
   for (size_t count = 0; count <= table.size(); ++count) {
     for (unsigned mask = 0; mask < (1u << table.size()); ++mask) {
       if (std::bitset<32>(mask).count() != count) continue;
-      Variant v;
-      v.options = o;
-      v.global_batch = global.samples;
+      std::vector<Variant> vs(1);
+      vs[0].options = o;
+      vs[0].global_batch = global.samples;
       bool changes_nothing = false;
       for (size_t i = 0; i < table.size(); ++i) {
         if (!(mask & (1u << i))) continue;
-        v.uses.insert(table[i].change);
+        for (Variant& v : vs) v.uses.insert(table[i].change);
         switch (table[i].change) {
           case AllowedChange::kGlobalBatch:
-            v.global_batch = 0;
+            for (Variant& v : vs) v.global_batch = 0;
             break;
           case AllowedChange::kOptimizerState:
             changes_nothing = changes_nothing || stated_state == formats::StateDtype::kInt8Blockwise;
-            v.options.optimizer_state = formats::StateDtype::kInt8Blockwise;
-            v.state_source = "--allow optimizer-state";
+            for (Variant& v : vs) {
+              v.options.optimizer_state = formats::StateDtype::kInt8Blockwise;
+              v.state_source = "--allow optimizer-state";
+            }
+            break;
+          case AllowedChange::kFreeze: {
+            std::vector<Variant> presets;
+            for (formats::FreezePreset p :
+                 {formats::FreezePreset::kFreezeVisionEncoder, formats::FreezePreset::kTrainExpertOnly}) {
+              for (Variant v : vs) {
+                v.options.freeze.presets = {p};
+                for (const std::string& m : layout::freeze_preset_modules(p)) v.options.fp8_exclude.push_back(m);
+                presets.push_back(std::move(v));
+              }
+            }
+            vs = std::move(presets);
+            break;
+          }
+          case AllowedChange::kLora:
+            for (Variant& v : vs) {
+              v.options.lora.preset = formats::LoraPreset::kOpenpi;
+              for (const layout::LoraPresetTarget& t : layout::lora_preset(formats::LoraPreset::kOpenpi).targets)
+                v.options.fp8_exclude.insert(v.options.fp8_exclude.end(), t.modules.begin(), t.modules.end());
+            }
             break;
         }
       }
       if (changes_nothing) continue;
-      v.possible = v.global_batch == 0 || (v.global_batch % o.world_size == 0 &&
-                                           (!o.batch || (v.global_batch / o.world_size) % *o.batch == 0));
-      out.push_back(std::move(v));
+      for (Variant& v : vs) {
+        if (v.uses.count(AllowedChange::kFreeze) || v.uses.count(AllowedChange::kLora))
+          v.trainable_source = allow_flag(v.uses);
+        v.possible = v.global_batch == 0 || (v.global_batch % o.world_size == 0 &&
+                                             (!o.batch || (v.global_batch / o.world_size) % *o.batch == 0));
+        out.push_back(std::move(v));
+      }
     }
   }
   return out;
@@ -70,6 +143,8 @@ std::set<AllowedChange> changes_made(const Planned& p, const GlobalBatch& global
   if (p.global_batch() != global.samples) out.insert(AllowedChange::kGlobalBatch);
   if (planned_state_dtype(p.in) != o.optimizer_state.value_or(profile.recipe.optimizer.state_dtype))
     out.insert(AllowedChange::kOptimizerState);
+  if (!p.variant.options.freeze.presets.empty()) out.insert(AllowedChange::kFreeze);
+  if (p.variant.options.lora.preset) out.insert(AllowedChange::kLora);
   return out;
 }
 
@@ -98,6 +173,8 @@ std::vector<Rationale> allowed_change_rationale(const Planned& pick,
                          ". Another batch per optimizer step trains differently: retune the learning rate",
                      {{"global_batch", static_cast<double>(pick.global_batch())},
                       {"stated_global_batch", static_cast<double>(global.samples)}}});
+    } else if (change == AllowedChange::kFreeze || change == AllowedChange::kLora) {
+      out.push_back(trainable_rationale(pick, change, by + against));
     } else {
       const formats::StateDtype before =
           planned.front()->variant.options.optimizer_state.value_or(pick.in.profile.recipe.optimizer.state_dtype);
@@ -138,7 +215,13 @@ std::string nothing_fits(const std::vector<std::unique_ptr<Planned>>& planned, s
     std::set<AllowedChange> all = allowed;
     all.insert(p.variant.uses.begin(), p.variant.uses.end());
     fitting.push_back(p.variant.uses);
-    message += "; " + allow_flag(all) + " would make it fit: " + shape_of(p) + " at a predicted peak of " +
+    std::string what;
+    for (formats::FreezePreset preset : p.variant.options.freeze.presets)
+      what += std::string(what.empty() ? " (" : ", ") + "freeze " + formats::to_string(preset);
+    if (p.variant.options.lora.preset)
+      what += std::string(what.empty() ? " (" : ", ") + "lora " + formats::to_string(*p.variant.options.lora.preset);
+    if (!what.empty()) what += ")";
+    message += "; " + allow_flag(all) + " would make it fit" + what + ": " + shape_of(p) + " at a predicted peak of " +
                fixed(p.rc.choice().prediction.peak_gib, 1) + " GiB";
   }
   if (!fitting.empty()) return message;

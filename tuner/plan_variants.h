@@ -23,11 +23,18 @@ struct Variant {
   PlanOptions options;
   int64_t global_batch = 0;  // kept; 0: any
   std::string state_source = "--optimizer-state";
+  std::string trainable_source = "the profiled recipe";
   bool possible = true;  // false: --batch does not divide the kept global batch
 };
 
+// How much a variant changes what trains: 0 nothing, 1 freeze_vision_encoder, 2 train_expert_only, 3 LoRA, 4 and 5
+// LoRA with those. plan() takes a variant that changes more only when none changing less (but something) fits.
+int trainable_level(const Variant& v);
+
 // The stated training first, then every combination of changes, fewer changes first. A change that changes nothing
-// (8-bit state when the planned state is already 8-bit) is left out.
+// (8-bit state when the planned state is already 8-bit) is left out. `freeze` gives one variant per preset, the
+// vision encoder first; a LoRA variant keeps FP8 off its adapted Linears (the trainer refuses LoRA on FP8), and a
+// freezing one off the frozen modules (their GEMMs run without the gradients FP8 would speed up).
 std::vector<Variant> training_variants(const formats::Profile& profile, const PlanOptions& options,
                                        const GlobalBatch& global);
 
@@ -37,7 +44,13 @@ struct Planned {
   Planned(Variant v, const formats::Profile& profile, const std::string& file, const TargetStep& target,
           const CommSetup& comm)
       : variant(std::move(v)),
-        in{profile, file, variant.options, variant.global_batch, target.fp8_unavailable, variant.state_source},
+        in{profile,
+           file,
+           variant.options,
+           variant.global_batch,
+           target.fp8_unavailable,
+           variant.state_source,
+           variant.trainable_source},
         fit(fit_step(in)),
         base(base_recipe(in)),
         exposed(exposed_ms(comm, fit.priced, base)) {

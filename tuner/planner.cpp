@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 #include <stdexcept>
+#include <tuple>
 
 #include "formats/fqn_pattern.h"
 #include "formats/json_error.h"
@@ -170,8 +171,13 @@ PlanResult rank(const PlanInputs& in, const FitStep& fit, const TargetStep& targ
   for (size_t g = 0; g < in.profile.gemms.size(); ++g)
     if (profiled_in_fp8(in.profile, in.profile.gemms[g])) base_fp8.push_back(static_cast<int>(g));
   const int profiled_accum = m.profiled_grad_accum;
-  Choice profiled{m.profiled_batch, profiled_accum, m.baseline_units, base_fp8, {}, "profiled"};
-  profiled.prediction = predict(m, {m.profiled_batch, m.baseline_units, base_fp8, 0.0}, profiled_accum, 1);
+  // The profiled recipe's shape with the planned training (as the planned optimizer state): units whose backward
+  // freezing removed are recomputed no more.
+  std::vector<int> base_units;
+  for (int u : m.baseline_units)
+    if (!m.trainable.active || !m.trainable.unit_no_backward[static_cast<size_t>(u)]) base_units.push_back(u);
+  Choice profiled{m.profiled_batch, profiled_accum, base_units, base_fp8, {}, "profiled"};
+  profiled.prediction = predict(m, {m.profiled_batch, base_units, base_fp8, 0.0}, profiled_accum, 1);
 
   // The candidates: each batch's least-time set, and points of the chosen batch's time/memory frontier.
   std::vector<Choice> pool;
@@ -208,8 +214,9 @@ PlanResult rank(const PlanInputs& in, const FitStep& fit, const TargetStep& targ
                    "vs the profiled recipe at " + batch_shape(m.profiled_batch, profiled_accum) + ": " +
                        fixed(q.step_ms, 1) + " ms, " + fixed(q.peak_gib, 1) + " GiB, " + fixed(q.samples_per_s, 2) +
                        " samples/s (" + pct(p.samples_per_s / q.samples_per_s) + " samples/s); recompute " +
-                       fixed(p.recompute_ms, 1) + " ms, FP8 " + fixed(p.fp8_ms, 1) + " ms, exposed communication " +
-                       fixed(p.comm_ms, 1) +
+                       fixed(p.recompute_ms, 1) + " ms, FP8 " + fixed(p.fp8_ms, 1) + " ms" +
+                       (m.trainable.active ? ", freezing/LoRA " + fixed(p.trainable_ms, 1) + " ms" : "") +
+                       ", exposed communication " + fixed(p.comm_ms, 1) +
                        " ms relative to it. Re-measure: vlatune train reports predicted vs measured" +
                        (target.timed_on ? "; times are " + *target.timed_on + "'s (the profiled GPU)" : ""),
                    // Not predicted_step_ms / predicted_peak_gib: those mark a candidate, and this is the plan's
@@ -253,7 +260,10 @@ PlanResult rank(const PlanInputs& in, const FitStep& fit, const TargetStep& targ
     if (static_cast<int>(result.candidates.size()) >= o.candidates) break;
     Recipe r = c.origin == "profiled" ? in.profile.recipe : make_recipe(base, m, c);
     if (c.origin == "profiled") {
-      r.optimizer = base.optimizer;  // its prediction is priced with the planned state
+      r.optimizer = base.optimizer;  // its prediction is priced with the planned state and training
+      r.freeze = base.freeze;
+      r.lora = base.lora;
+      if (m.trainable.active) r.recompute.modules = recompute_patterns(m, c.recompute);
       r.rationale.clear();
       r.tuned_on = base.tuned_on;
       r.predicted = {c.prediction.step_ms, c.prediction.peak_gib, c.prediction.samples_per_s};
@@ -283,6 +293,16 @@ PlanResult plan(const formats::Profile& profile, const std::string& file, const 
                                "\"" + profile.settings.workload +
                                    "\": plan needs a training profile (`vlatune profile` without --inference); this "
                                    "one times sampled action chunks, not optimizer steps");
+  for (const auto& [change, key, used] :
+       {std::tuple{AllowedChange::kFreeze, "$.recipe.freeze",
+                   !profile.recipe.freeze.presets.empty() || !profile.recipe.freeze.modules.empty()},
+        std::tuple{AllowedChange::kLora, "$.recipe.lora",
+                   profile.recipe.lora.preset.has_value() || !profile.recipe.lora.targets.empty()}}) {
+    if (o.allow.count(change) && used)
+      throw PlanInputError("--allow " + to_string(change) + ": the profiled recipe already sets " + key + " in " +
+                           file + "; freezing and LoRA are priced against full training: profile a recipe without " +
+                           "freeze and lora to plan them");
+  }
   const TargetStep target = target_step(profile, o);  // 1
   const GlobalBatch global = stated_global_batch(profile, o, !o.allow.count(AllowedChange::kGlobalBatch));
   const PlanInputs stated_in{profile, file, o, global.samples, target.fp8_unavailable};
@@ -311,9 +331,15 @@ PlanResult plan(const formats::Profile& profile, const std::string& file, const 
   }
   // The stated training unless an allowed change fits where it does not, or is faster. A variant that comes out the
   // same training (any global batch choosing the stated one) is taken at a tie: its rationale shows more candidates.
+  // Of the variants that change what trains, only those changing it least (freezing less beats freezing more).
+  int least_level = 0;
+  for (const auto& p : planned) {
+    const int level = trainable_level(p->variant);
+    if (p->rc.feasible() && level > 0 && (least_level == 0 || level < least_level)) least_level = level;
+  }
   const Planned* pick = nullptr;
   for (const auto& p : planned) {
-    if (!p->rc.feasible()) continue;
+    if (!p->rc.feasible() || trainable_level(p->variant) > least_level) continue;
     const bool faster = !pick || p->samples_per_s() > pick->samples_per_s() * (1 + 1e-9);
     const bool same = pick && p->samples_per_s() >= pick->samples_per_s() * (1 - 1e-9) &&
                       changes_made(*p, global, profile, o).empty();

@@ -6,6 +6,7 @@
 //                                         profiled GPU (bytes) and what does not (time)
 //   2. fit             (cost_model.h)     validate the profile, fit the batch, calibrate with the A/B rows; warn of
 //                                         a noisy profile; price the planned optimizer state (--optimizer-state)
+//                                         and what trains (freezing, LoRA: trainable_change.h)
 //   3. batch+recompute (batch_choice.h, recompute_solver.h)  the global batch kept (--global-batch, else the
 //                                         profiled recipe's): the micro-batches dividing it, each with the grad_accum
 //                                         that makes it up; exact least-time recompute per micro-batch; most
@@ -54,6 +55,10 @@ struct PlanOptions {
   // This machine's main memory (GiB): the budget's base for a CPU profile, which records no device memory.
   std::optional<double> host_memory_gib;
   std::optional<formats::StateDtype> optimizer_state;  // --optimizer-state; unset: the profiled recipe's
+  // What trains: set by the --allow freeze and --allow lora variants (plan_variants.h), not by a flag; empty: the
+  // profiled recipe's freezing and LoRA.
+  formats::Recipe::Freeze freeze;
+  formats::Recipe::Lora lora;
 };
 
 struct RankedCandidate {

@@ -150,3 +150,37 @@ TEST_CASE("The freezing and LoRA presets name LeRobot's and openpi's module sets
   CHECK(openpi.targets[1].modules.back() == kExpertLayerPrefix + "*.mlp.down_proj");
   CHECK(openpi.frozen == std::vector<std::string>{kLanguageModel, kExpertModel});
 }
+
+TEST_CASE("A frozen module runs no backward only when everything upstream of it is frozen too", "[layout][freeze]") {
+  auto roots = [](const std::vector<BackwardFree>& free) {
+    std::vector<std::string> out;
+    for (const auto& f : free) out.push_back(f.root);
+    return out;
+  };
+  // The vision tower has nothing upstream: freezing it removes its whole backward, and nothing else's.
+  const auto vision =
+      backward_free_modules(freeze_preset_modules(vlatune::formats::FreezePreset::kFreezeVisionEncoder), 3);
+  CHECK(roots(vision) == std::vector<std::string>{kVisionTower});
+  CHECK(vision[0].kept.empty());
+
+  // All of PaliGemma: the tower, the projector, the embedding and every prefix layer; each layer keeps the expert's
+  // layer and the joint attention that run inside its scope.
+  const auto paligemma =
+      backward_free_modules(freeze_preset_modules(vlatune::formats::FreezePreset::kTrainExpertOnly), 3);
+  CHECK(roots(paligemma) == std::vector<std::string>{kVisionTower, kProjector, kEmbedTokens, prefix_layer(0),
+                                                     prefix_layer(1), prefix_layer(2)});
+  CHECK(paligemma[3].kept == std::vector<std::string>{expert_layer(0), prefix_layer(0) + ".self_attn"});
+
+  // A trainable projector feeds layer 0: the frozen language model still runs its backward, the embedding does not.
+  CHECK(roots(backward_free_modules({kVisionTower, kLanguageModel}, 3)) ==
+        std::vector<std::string>{kVisionTower, kEmbedTokens});
+  // A trainable layer 1 stops the chain there: layer 2 passes gradients back to it.
+  CHECK(roots(backward_free_modules({kVisionTower, kProjector, kEmbedTokens, prefix_layer(0), prefix_layer(2)}, 3)) ==
+        std::vector<std::string>{kVisionTower, kProjector, kEmbedTokens, prefix_layer(0)});
+  // The projector alone frozen runs backward: the vision tower upstream of it trains.
+  CHECK(roots(backward_free_modules({kProjector}, 3)).empty());
+  // A part of a layer frozen is not the layer frozen.
+  CHECK(roots(backward_free_modules(
+            {kPaliGemma + ".model.vision_tower", kProjector, kEmbedTokens, prefix_layer(0) + ".mlp"}, 3)) ==
+        std::vector<std::string>{kVisionTower, kProjector, kEmbedTokens});
+}

@@ -175,7 +175,8 @@ TEST_CASE("--allow optimizer-state takes 8-bit moments only where the plan needs
     PlanOptions stated;
     stated.memory_budget_gib = 5;
     CHECK(input_error_of(stated).find("no --allow choice makes it fit either") != std::string::npos);
-    stated.allow = {AllowedChange::kGlobalBatch, AllowedChange::kOptimizerState};
+    stated.allow = {AllowedChange::kGlobalBatch, AllowedChange::kOptimizerState, AllowedChange::kFreeze,
+                    AllowedChange::kLora};
     CHECK(input_error_of(stated).find("every --allow choice considered") != std::string::npos);
   }
 }
@@ -184,8 +185,10 @@ TEST_CASE("--allow parses comma-separated choices and names the known ones", "[t
   CHECK(parse_allowed_changes("global-batch") == std::set<AllowedChange>{AllowedChange::kGlobalBatch});
   CHECK(parse_allowed_changes("optimizer-state, global-batch") ==
         std::set<AllowedChange>{AllowedChange::kGlobalBatch, AllowedChange::kOptimizerState});
-  CHECK_THROWS_WITH(parse_allowed_changes("lora"),
-                    Catch::Contains("--allow: unknown choice 'lora'") && Catch::Contains("global-batch"));
+  CHECK(parse_allowed_changes("lora,freeze") == std::set<AllowedChange>{AllowedChange::kFreeze, AllowedChange::kLora});
+  CHECK_THROWS_WITH(parse_allowed_changes("freez"),
+                    Catch::Contains("--allow: unknown choice 'freez'") &&
+                        Catch::Contains("(known: global-batch, optimizer-state, freeze, lora;"));
   CHECK_THROWS_WITH(parse_allowed_changes(""), Catch::Contains("--allow"));
   CHECK(allow_flag({AllowedChange::kOptimizerState, AllowedChange::kGlobalBatch}) ==
         "--allow global-batch,optimizer-state");

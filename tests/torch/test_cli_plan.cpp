@@ -152,9 +152,10 @@ TEST_CASE("vlatune plan --gpu, --list-gpus, --allow and --global-batch through t
   auto unknown = run_cli({"plan", "--profile", kProfile, "--explain", "--gpu", "Voodoo 2"});
   CHECK(unknown.code == vlatune::cli::kExitBadInput);
   CHECK(unknown.err.find("--gpu: unknown GPU 'Voodoo 2'; known: RTX 3090, RTX 4090") != std::string::npos);
-  auto bad_allow = run_cli({"plan", "--profile", kProfile, "--explain", "--allow", "global-batch,lora"});
+  auto bad_allow = run_cli({"plan", "--profile", kProfile, "--explain", "--allow", "global-batch,freez"});
   CHECK(bad_allow.code == vlatune::cli::kExitBadInput);
-  CHECK(bad_allow.err.find("--allow: unknown choice 'lora'") != std::string::npos);
+  CHECK(bad_allow.err.find("--allow: unknown choice 'freez' (known: global-batch, optimizer-state, freeze, lora") !=
+        std::string::npos);
   auto undivided = run_cli({"plan", "--profile", kProfile, "--explain", "--global-batch", "24", "--batch", "16"});
   CHECK(undivided.code == vlatune::cli::kExitBadInput);
   CHECK(undivided.err.find("--batch 16 does not divide --global-batch 24") != std::string::npos);
@@ -168,6 +169,12 @@ TEST_CASE("vlatune plan --gpu, --list-gpus, --allow and --global-batch through t
   REQUIRE(allowed.code == 0);
   CHECK(allowed.err.find("plan: optimizer state auto -> int8-blockwise (allowed by --allow optimizer-state)") !=
         std::string::npos);
+  auto frozen =
+      run_cli({"plan", "--profile", kProfile, "--out", dir + "/f.json", "--memory-budget", "30", "--allow", "freeze"});
+  INFO(frozen.err);
+  REQUIRE(frozen.code == 0);
+  CHECK(frozen.err.find("plan: freeze ") != std::string::npos);
+  CHECK_FALSE(vlatune::formats::read_recipe(dir + "/f.json").freeze.presets.empty());
   const auto recipe = vlatune::formats::read_recipe(dir + "/r.json");
   CHECK(recipe.optimizer.state_dtype == vlatune::formats::StateDtype::kInt8Blockwise);
   CHECK(recipe.batch.micro_batch * recipe.batch.grad_accum == 32);
