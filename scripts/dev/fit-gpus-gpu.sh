@@ -10,7 +10,8 @@
 #   bash scripts/pack-deps.sh
 #   device run: command "bash scripts/dev/fit-gpus-gpu.sh", carry [".deps"]   (~7 min on one H200)
 # Options (environment): STEPS (default 30), BUDGETS ("22 28 40"), LORA_BUDGET (14), ARCHS (9.0), TRAIN_TIMEOUT
-# (240 s per run),
+# (240 s per run), ALLOW_PLANS (plans that change what trains, "GiB:choice ...", e.g. "20:lora 20:freeze 25:freeze":
+# `vlatune plan --memory-budget GiB --global-batch 32 --allow choice`, trained like the others),
 # SKIP_PROFILE=1 reuses /tmp/fit-profile from an earlier call on the same machine.
 # Output: $OUT/plan_<GiB>.json, $OUT/plan_<GiB>.txt (--explain), $OUT/run_<name>.json, $OUT/*.log; the table last.
 set -uo pipefail
@@ -51,6 +52,14 @@ for gib in $budgets; do
   [ -f "$out/plan_$gib.json" ] && recipes+=("plan_$gib:$gib")
 done
 
+for entry in ${ALLOW_PLANS:-}; do
+  gib="${entry%%:*}"; choice="${entry##*:}"; name="plan_${gib}_$choice"
+  $v plan --profile "$profile" --memory-budget "$gib" --global-batch 32 --allow "$choice" --out "$out/$name.json" \
+    >"$out/$name.log" 2>&1
+  echo "plan $gib GiB --allow $choice exit $?: $(tail -1 "$out/$name.log")"
+  [ -f "$out/$name.json" ] && recipes+=("$name:$gib")
+done
+
 for entry in "${recipes[@]}"; do
   name="${entry%%:*}"; budget="${entry##*:}"
   rm -rf "/tmp/fit-$name"
@@ -82,7 +91,9 @@ for entry in entries:
     b, pred = r.get("batch", {}), r.get("predicted", {})
     rec = len(r.get("recompute", {}).get("modules", []))
     state = r.get("optimizer", {}).get("state_dtype", "auto")
-    trained = "LoRA " + r["lora"].get("preset", "targets") if r.get("lora") else "all"
+    freeze = r.get("freeze", {}).get("presets") or r.get("freeze", {}).get("modules")
+    trained = ("LoRA " + r["lora"].get("preset", "targets") if r.get("lora")
+               else "frozen: " + ", ".join(freeze) if freeze else "all")
     fmt = lambda x: f"{x:.2f}" if isinstance(x, (int, float)) else "n/a"
     peak = run.get("peak_gib") if run else None
     sps = run.get("samples_per_s_median") if run else None
