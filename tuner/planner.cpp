@@ -171,13 +171,13 @@ PlanResult rank(const PlanInputs& in, const FitStep& fit, const TargetStep& targ
   for (size_t g = 0; g < in.profile.gemms.size(); ++g)
     if (profiled_in_fp8(in.profile, in.profile.gemms[g])) base_fp8.push_back(static_cast<int>(g));
   const int profiled_accum = m.profiled_grad_accum;
-  // The profiled recipe's shape with the planned training (as the planned optimizer state): units whose backward
-  // freezing removed are recomputed no more.
-  std::vector<int> base_units;
-  for (int u : m.baseline_units)
-    if (!m.trainable.active || !m.trainable.unit_no_backward[static_cast<size_t>(u)]) base_units.push_back(u);
-  Choice profiled{m.profiled_batch, profiled_accum, base_units, base_fp8, {}, "profiled"};
-  profiled.prediction = predict(m, {m.profiled_batch, base_units, base_fp8, 0.0}, profiled_accum, 1);
+  // The profiled recipe as it ran: the model without the planned changes to what trains and how (optimizer state,
+  // freezing, LoRA), so the comparison is with what the profile measured and the deltas below add up from it.
+  CostModel as_profiled = m;
+  as_profiled.optimizer_delta_gib = 0;
+  as_profiled.trainable = TrainableChange{};
+  Choice profiled{m.profiled_batch, profiled_accum, m.baseline_units, base_fp8, {}, "profiled"};
+  profiled.prediction = predict(as_profiled, {m.profiled_batch, m.baseline_units, base_fp8, 0.0}, profiled_accum, 1);
 
   // The candidates: each batch's least-time set, and points of the chosen batch's time/memory frontier.
   std::vector<Choice> pool;
@@ -211,7 +211,7 @@ PlanResult rank(const PlanInputs& in, const FitStep& fit, const TargetStep& targ
     const Prediction& q = profiled.prediction;
     why.push_back({"predicted step " + fixed(p.step_ms, 1) + " ms, peak " + fixed(p.peak_gib, 1) + " GiB, " +
                        fixed(p.samples_per_s, 2) + " samples/s",
-                   "vs the profiled recipe at " + batch_shape(m.profiled_batch, profiled_accum) + ": " +
+                   "vs the profiled recipe as measured at " + batch_shape(m.profiled_batch, profiled_accum) + ": " +
                        fixed(q.step_ms, 1) + " ms, " + fixed(q.peak_gib, 1) + " GiB, " + fixed(q.samples_per_s, 2) +
                        " samples/s (" + pct(p.samples_per_s / q.samples_per_s) + " samples/s); recompute " +
                        fixed(p.recompute_ms, 1) + " ms, FP8 " + fixed(p.fp8_ms, 1) + " ms" +

@@ -245,6 +245,17 @@ TEST_CASE("--allow lora fits a budget only LoRA meets, and says so first", "[tun
   CHECK(first.reason.find("an estimated") != std::string::npos);
   CHECK(first.reason.find("merges the adapters") != std::string::npos);
   CHECK(recipe_to_json(r.recipe)["lora"]["preset"] == "openpi");
+
+  SECTION("the plan is compared with the profiled recipe as the profile measured it, not as LoRA would run it") {
+    const formats::Rationale* summary = nullptr;
+    for (const formats::Rationale& x : r.recipe.rationale)
+      if (x.decision.rfind("predicted step ", 0) == 0) summary = &x;
+    REQUIRE(summary != nullptr);
+    CHECK(summary->reason.rfind("vs the profiled recipe as measured at micro-batch 32", 0) == 0);
+    const auto& b0 = h200_json()["batches"][0];
+    CHECK(summary->numbers.at("profiled_step_ms") == Approx(b0["step_ms"].get<double>()).epsilon(1e-9));
+    CHECK(summary->numbers.at("profiled_peak_gib") == Approx(b0["peak_gib"].get<double>()).epsilon(1e-9));
+  }
 }
 
 TEST_CASE("Freezing and LoRA are planned against a profile of full training only", "[tuner][plan][errors]") {
