@@ -9,10 +9,10 @@
 #
 #   bash scripts/pack-deps.sh
 #   device run: command "bash scripts/dev/fit-gpus-gpu.sh", carry [".deps"]   (~7 min on one H200)
-# Options (environment): STEPS (default 30), BUDGETS ("22 28 40"; "" for none), LORA_BUDGET (14), ARCHS (9.0), TRAIN_TIMEOUT
-# (240 s per run), ALLOW_PLANS (plans that change what trains, "GiB:choice ...", e.g. "20:lora 20:freeze 25:freeze":
-# `vlatune plan --memory-budget GiB --global-batch 32 --allow choice`, trained like the others),
-# SKIP_PROFILE=1 reuses /tmp/fit-profile from an earlier call on the same machine.
+# Options (environment): STEPS (default 30), BUDGETS ("22 28 40"; "" for none), LORA_BUDGET (14), ARCHS (9.0),
+# TRAIN_TIMEOUT (240 s per run), ALLOW_PLANS (plans that change what trains, "GiB:choice ...", e.g. "20:lora
+# 20:freeze 25:freeze": `vlatune plan --memory-budget GiB --global-batch 32 --allow choice`, trained like the
+# others), SKIP_PROFILE=1 reuses /tmp/fit-profile from an earlier call on the same machine.
 # Output: $OUT/plan_<GiB>.json, $OUT/plan_<GiB>.txt (--explain), $OUT/run_<name>.json, $OUT/*.log; the table last.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
