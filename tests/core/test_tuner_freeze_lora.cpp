@@ -268,6 +268,6 @@ TEST_CASE("Freezing and LoRA are planned against a profile of full training only
   lora.recipe.lora.preset = formats::LoraPreset::kOpenpi;
   o.allow = {AllowedChange::kLora};
   CHECK_THROWS_WITH(plan(lora, kH200, o), Catch::Contains("--allow lora") && Catch::Contains("$.recipe.lora"));
-  // Without --allow such a profile plans as before: its own training.
+  // Without --allow such a profile plans its own training.
   CHECK_NOTHROW(plan(frozen, kH200, PlanOptions{}));
 }
