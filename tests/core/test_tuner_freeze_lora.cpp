@@ -12,24 +12,20 @@
 #include "formats/profile.h"
 #include "formats/recipe.h"
 #include "layout/pi05.h"
+#include "profile_fixtures.h"
 #include "tuner/cost_model.h"
 #include "tuner/planner.h"
 #include "tuner/trainable_change.h"
 
 using namespace vlatune;
 using namespace vlatune::tuner;
+using vlatune::test::h200_profile;
+using vlatune::test::kH200Profile;
 
 namespace {
 
-const std::string kH200 = std::string(VLATUNE_FIXTURES_DIR) + "/profile_h200_pi05.json";
-
-const formats::Profile& h200() {
-  static const formats::Profile p = formats::read_profile(kH200);
-  return p;
-}
-
 const nlohmann::json& h200_json() {
-  static const nlohmann::json j = formats::read_json_file(kH200);
+  static const nlohmann::json j = formats::read_json_file(kH200Profile);
   return j;
 }
 
@@ -43,7 +39,7 @@ double row(size_t batch, const std::string& fqn, const char* field) {
 
 std::string plan_error(const PlanOptions& o) {
   try {
-    plan(h200(), kH200, o);
+    plan(h200_profile(), kH200Profile, o);
   } catch (const PlanInputError& e) {
     return e.what();
   }
@@ -51,8 +47,8 @@ std::string plan_error(const PlanOptions& o) {
 }
 
 CostModel priced(const formats::Recipe::Freeze& freeze, const formats::Recipe::Lora& lora = {}) {
-  CostModel m = build_cost_model(h200(), kH200);
-  plan_trainable(m, resolve_trainable(h200(), freeze, lora, "test"), formats::StateDtype::kAuto, 1, "test");
+  CostModel m = build_cost_model(h200_profile(), kH200Profile);
+  plan_trainable(m, resolve_trainable(h200_profile(), freeze, lora, "test"), formats::StateDtype::kAuto, 1, "test");
   return m;
 }
 
@@ -74,7 +70,7 @@ TEST_CASE("--allow freeze fits a budget full training cannot meet, freezing the 
   CHECK(e.find("--allow lora would make it fit (lora openpi)") != std::string::npos);
 
   o.allow = {AllowedChange::kFreeze};
-  const PlanResult expert = plan(h200(), kH200, o);
+  const PlanResult expert = plan(h200_profile(), kH200Profile, o);
   CHECK(expert.used == std::set<AllowedChange>{AllowedChange::kFreeze});
   CHECK(expert.recipe.freeze.presets == std::vector<formats::FreezePreset>{formats::FreezePreset::kTrainExpertOnly});
   CHECK(expert.global_batch == 32);
@@ -92,7 +88,7 @@ TEST_CASE("--allow freeze fits a budget full training cannot meet, freezing the 
   PlanOptions stated = o;
   stated.allow.clear();
   REQUIRE_FALSE(plan_error(stated).empty());  // full training does not fit
-  const PlanResult vision = plan(h200(), kH200, o);
+  const PlanResult vision = plan(h200_profile(), kH200Profile, o);
   CHECK(vision.recipe.freeze.presets ==
         std::vector<formats::FreezePreset>{formats::FreezePreset::kFreezeVisionEncoder});
   CHECK(vision.recipe.rationale.at(0).decision == "freeze freeze_vision_encoder");
@@ -102,7 +98,7 @@ TEST_CASE("--allow freeze fits a budget full training cannot meet, freezing the 
 
 TEST_CASE("Freezing the vision encoder frees exactly its gradients and moments, its backward and its activations",
           "[tuner][freeze]") {
-  const CostModel full = build_cost_model(h200(), kH200);
+  const CostModel full = build_cost_model(h200_profile(), kH200Profile);
   const CostModel m = priced(preset(formats::FreezePreset::kFreezeVisionEncoder));
   const TrainableChange& t = m.trainable;
   const std::string tower = layout::kVisionTower;
@@ -163,7 +159,7 @@ TEST_CASE("train_expert_only runs no backward through PaliGemma but keeps the ex
   o.allow = {AllowedChange::kFreeze};
   o.memory_budget_gib = 12;
   o.global_batch = 32;
-  const PlanResult r = plan(h200(), kH200, o);
+  const PlanResult r = plan(h200_profile(), kH200Profile, o);
   CHECK(r.recipe.freeze.presets == std::vector<formats::FreezePreset>{formats::FreezePreset::kTrainExpertOnly});
   for (const std::string& pattern : r.recipe.recompute.modules)
     CHECK(pattern.find("vision_tower") == std::string::npos);
@@ -233,7 +229,7 @@ TEST_CASE("--allow lora fits a budget only LoRA meets, and says so first", "[tun
   o.memory_budget_gib = 20;
   REQUIRE_FALSE(plan_error(o).empty());
   o.allow = {AllowedChange::kLora};
-  const PlanResult r = plan(h200(), kH200, o);
+  const PlanResult r = plan(h200_profile(), kH200Profile, o);
   CHECK(r.used == std::set<AllowedChange>{AllowedChange::kLora});
   CHECK(r.recipe.lora.preset == formats::LoraPreset::kOpenpi);
   CHECK(r.recipe.freeze.presets.empty());
@@ -259,15 +255,16 @@ TEST_CASE("--allow lora fits a budget only LoRA meets, and says so first", "[tun
 }
 
 TEST_CASE("Freezing and LoRA are planned against a profile of full training only", "[tuner][plan][errors]") {
-  formats::Profile frozen = h200();
+  formats::Profile frozen = h200_profile();
   frozen.recipe.freeze.presets = {formats::FreezePreset::kFreezeVisionEncoder};
   PlanOptions o;
   o.allow = {AllowedChange::kFreeze};
-  CHECK_THROWS_WITH(plan(frozen, kH200, o), Catch::Contains("--allow freeze") && Catch::Contains("$.recipe.freeze"));
-  formats::Profile lora = h200();
+  CHECK_THROWS_WITH(plan(frozen, kH200Profile, o),
+                    Catch::Contains("--allow freeze") && Catch::Contains("$.recipe.freeze"));
+  formats::Profile lora = h200_profile();
   lora.recipe.lora.preset = formats::LoraPreset::kOpenpi;
   o.allow = {AllowedChange::kLora};
-  CHECK_THROWS_WITH(plan(lora, kH200, o), Catch::Contains("--allow lora") && Catch::Contains("$.recipe.lora"));
+  CHECK_THROWS_WITH(plan(lora, kH200Profile, o), Catch::Contains("--allow lora") && Catch::Contains("$.recipe.lora"));
   // Without --allow such a profile plans its own training.
-  CHECK_NOTHROW(plan(frozen, kH200, PlanOptions{}));
+  CHECK_NOTHROW(plan(frozen, kH200Profile, PlanOptions{}));
 }

@@ -8,20 +8,16 @@
 #include "formats/numbers.h"
 #include "formats/profile.h"
 #include "formats/recipe.h"
+#include "profile_fixtures.h"
 #include "tuner/cost_model.h"
 #include "tuner/planner.h"
 
 using namespace vlatune;
 using namespace vlatune::tuner;
+using vlatune::test::kSyntheticProfile;
+using vlatune::test::synthetic_profile;
 
 namespace {
-
-const std::string kSynthetic = std::string(VLATUNE_FIXTURES_DIR) + "/profile_synthetic_pi05.json";
-
-const formats::Profile& synthetic() {
-  static const formats::Profile p = formats::read_profile(kSynthetic);
-  return p;
-}
 
 int64_t global_batch(const formats::Recipe& r) {
   return static_cast<int64_t>(r.batch.micro_batch) * r.batch.grad_accum * r.distributed.world_size;
@@ -29,7 +25,7 @@ int64_t global_batch(const formats::Recipe& r) {
 
 std::string input_error_of(const PlanOptions& o) {
   try {
-    plan(synthetic(), kSynthetic, o);
+    plan(synthetic_profile(), kSyntheticProfile, o);
   } catch (const PlanInputError& e) {
     return e.what();
   }
@@ -52,11 +48,11 @@ double least_peak_at_global_32() {
 TEST_CASE("a budget that forces a smaller micro-batch raises grad_accum and keeps the global batch",
           "[tuner][plan][batch]") {
   PlanOptions o;
-  const PlanResult loose = plan(synthetic(), kSynthetic, o);
+  const PlanResult loose = plan(synthetic_profile(), kSyntheticProfile, o);
   CHECK(loose.recipe.batch.micro_batch == 32);
   CHECK(loose.recipe.batch.grad_accum == 1);
   o.memory_budget_gib = 36;
-  const PlanResult r = plan(synthetic(), kSynthetic, o);
+  const PlanResult r = plan(synthetic_profile(), kSyntheticProfile, o);
   CHECK(r.recipe.batch.micro_batch < 32);
   CHECK(r.recipe.batch.grad_accum > 1);
   CHECK(global_batch(r.recipe) == 32);
@@ -76,7 +72,7 @@ TEST_CASE("a budget that forces a smaller micro-batch raises grad_accum and keep
 
 TEST_CASE("accumulation runs the optimizer once per step and holds the gradients through later forward passes",
           "[tuner][cost][batch]") {
-  const CostModel m = build_cost_model(synthetic(), kSynthetic);
+  const CostModel m = build_cost_model(synthetic_profile(), kSyntheticProfile);
   CHECK(m.optimizer_ms == 12.0);  // the <optimizer> row's self time
   const Candidate c{8, m.baseline_units, {}, 0.0};
   const Prediction one = predict(m, c, 1);
@@ -97,7 +93,7 @@ TEST_CASE("--global-batch and --batch must agree, naming both flags", "[tuner][p
   CHECK(e.find("--batch 16 does not divide --global-batch 24") != std::string::npos);
   CHECK(e.find("--allow global-batch") != std::string::npos);
   o.batch = 12;
-  const PlanResult r = plan(synthetic(), kSynthetic, o);
+  const PlanResult r = plan(synthetic_profile(), kSyntheticProfile, o);
   CHECK(r.recipe.batch.micro_batch == 12);
   CHECK(r.recipe.batch.grad_accum == 2);
   SECTION("the profiled global batch over a world size that does not divide it") {
@@ -119,9 +115,9 @@ TEST_CASE("--allow global-batch restores the most samples/s at any micro-batch, 
           "[tuner][plan][batch]") {
   PlanOptions o;
   o.memory_budget_gib = 36;
-  const PlanResult kept = plan(synthetic(), kSynthetic, o);
+  const PlanResult kept = plan(synthetic_profile(), kSyntheticProfile, o);
   o.allow = {AllowedChange::kGlobalBatch};
-  const PlanResult any = plan(synthetic(), kSynthetic, o);
+  const PlanResult any = plan(synthetic_profile(), kSyntheticProfile, o);
   // The profiled grad_accum (1) at the largest micro-batch that fits: the old behaviour.
   CHECK(any.recipe.batch.grad_accum == 1);
   CHECK(any.recipe.batch.micro_batch > kept.recipe.batch.micro_batch);
@@ -135,7 +131,7 @@ TEST_CASE("--allow global-batch restores the most samples/s at any micro-batch, 
   // Unconstrained, batch 32 stays (batch 40 predicts +1.5%, under the 2% an extrapolated batch needs): no change.
   PlanOptions loose;
   loose.allow = {AllowedChange::kGlobalBatch};
-  const PlanResult same = plan(synthetic(), kSynthetic, loose);
+  const PlanResult same = plan(synthetic_profile(), kSyntheticProfile, loose);
   CHECK(same.global_batch == 32);
   CHECK(same.used.empty());
   CHECK(same.recipe.rationale[0].decision.rfind("global batch", 0) != 0);
@@ -146,13 +142,13 @@ TEST_CASE("--allow optimizer-state takes 8-bit moments only where the plan needs
   PlanOptions o;
   o.allow = {AllowedChange::kOptimizerState};
   // A loose budget: micro-batch 32 already fits without recompute; 8-bit moments buy nothing.
-  const PlanResult loose = plan(synthetic(), kSynthetic, o);
+  const PlanResult loose = plan(synthetic_profile(), kSyntheticProfile, o);
   CHECK(loose.recipe.optimizer.state_dtype == formats::StateDtype::kAuto);
   CHECK(loose.used.empty());
   // A budget below what global batch 32 needs with bf16 moments, above what it needs with 8-bit ones.
   const double least = least_peak_at_global_32();
   o.memory_budget_gib = least - 2;
-  const PlanResult tight = plan(synthetic(), kSynthetic, o);
+  const PlanResult tight = plan(synthetic_profile(), kSyntheticProfile, o);
   CHECK(tight.recipe.optimizer.state_dtype == formats::StateDtype::kInt8Blockwise);
   CHECK(tight.used == std::set<AllowedChange>{AllowedChange::kOptimizerState});
   CHECK(global_batch(tight.recipe) == 32);

@@ -8,15 +8,15 @@
 #include "formats/json_io.h"
 #include "formats/profile.h"
 #include "formats/recipe.h"
+#include "profile_fixtures.h"
 #include "tuner/cost_model.h"
 #include "tuner/planner.h"
 
 using namespace vlatune;
 using namespace vlatune::tuner;
+using vlatune::test::kSyntheticProfile;
 
 namespace {
-
-const std::string kSynthetic = std::string(VLATUNE_FIXTURES_DIR) + "/profile_synthetic_pi05.json";
 
 bool has_decision(const formats::Recipe& r, const std::string& prefix) {
   for (const auto& why : r.rationale)
@@ -35,13 +35,13 @@ TEST_CASE("8-bit moments take 1 B per element per moment plus an fp32 absmax per
 
 TEST_CASE("--optimizer-state int8-blockwise lowers the predicted peak by the moments' bytes and is in the recipe",
           "[tuner][plan][optimizer]") {
-  const formats::Profile profile = formats::read_profile(kSynthetic);
+  const formats::Profile profile = formats::read_profile(kSyntheticProfile);
   REQUIRE(profile.recipe.optimizer.state_dtype == formats::StateDtype::kAuto);
   PlanOptions o;
   o.batch = 16;
-  const PlanResult full = plan(profile, kSynthetic, o);
+  const PlanResult full = plan(profile, kSyntheticProfile, o);
   o.optimizer_state = formats::StateDtype::kInt8Blockwise;
-  const PlanResult int8 = plan(profile, kSynthetic, o);
+  const PlanResult int8 = plan(profile, kSyntheticProfile, o);
   CHECK(int8.recipe.optimizer.state_dtype == formats::StateDtype::kInt8Blockwise);
   CHECK(full.recipe.optimizer.state_dtype == formats::StateDtype::kAuto);
   CHECK(has_decision(int8.recipe, "optimizer state int8-blockwise"));
@@ -56,15 +56,15 @@ TEST_CASE("--optimizer-state int8-blockwise lowers the predicted peak by the mom
 
   // A budget the bf16 state cannot meet at this batch without recomputing more: the 8-bit plan needs less of it.
   o.memory_budget_gib = (full.predicted.peak_gib - 4) / kDefaultBudgetFraction;  // 4 GiB below, as planned
-  const PlanResult tight = plan(profile, kSynthetic, o);
+  const PlanResult tight = plan(profile, kSyntheticProfile, o);
   CHECK(*tight.recipe.predicted.peak_gib <= *o.memory_budget_gib);
   CHECK(tight.recipe.recompute.modules == int8.recipe.recompute.modules);
   o.optimizer_state = formats::StateDtype::kAuto;
-  CHECK(plan(profile, kSynthetic, o).recipe.recompute.modules != full.recipe.recompute.modules);
+  CHECK(plan(profile, kSyntheticProfile, o).recipe.recompute.modules != full.recipe.recompute.modules);
 }
 
 TEST_CASE("Planning another optimizer state needs the profile's parameter bytes", "[tuner][plan][optimizer]") {
-  nlohmann::json j = formats::read_json_file(kSynthetic);
+  nlohmann::json j = formats::read_json_file(kSyntheticProfile);
   for (auto& b : j["batches"]) b["memory"]["parameter_bytes"] = nullptr;
   const formats::Profile profile = formats::parse_profile(j, "profile.json");
   PlanOptions o;
@@ -78,7 +78,7 @@ TEST_CASE("Planning another optimizer state needs the profile's parameter bytes"
 TEST_CASE("A sharded optimizer state counts 1/N of the moments per GPU, against the profile's own sharding",
           "[tuner][optimizer][zero]") {
   CostModel m;
-  m.profile = formats::read_profile(kSynthetic);
+  m.profile = formats::read_profile(kSyntheticProfile);
   REQUIRE_FALSE(m.profile.recipe.distributed.shard_optimizer_state);
   const double numel = static_cast<double>(*m.profile.batches[0].memory.parameter_bytes) / 2;  // bf16 parameters
   const double moments_gib = 2 * 2 * numel / kGiB;

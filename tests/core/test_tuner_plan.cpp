@@ -17,6 +17,7 @@
 #include "formats/profile.h"
 #include "formats/recipe.h"
 #include "formats/run_record.h"
+#include "profile_fixtures.h"
 #include "reports/report.h"
 #include "tuner/cost_model.h"
 #include "tuner/grid.h"
@@ -25,11 +26,12 @@
 using namespace vlatune;
 using namespace vlatune::tuner;
 using nlohmann::json;
+using vlatune::test::kSyntheticProfile;
+using vlatune::test::synthetic_profile;
 using vlatune::test::TempDir;
 
 namespace {
 
-const std::string kSynthetic = std::string(VLATUNE_FIXTURES_DIR) + "/profile_synthetic_pi05.json";
 const std::string kPL = "paligemma_with_expert.paligemma.model.language_model.layers.";
 const std::string kVL = "paligemma_with_expert.paligemma.model.vision_tower.vision_model.encoder.layers.";
 
@@ -48,11 +50,6 @@ std::vector<std::string> row_fqns(const formats::Profile& p) {
   for (const auto& m : p.batches[0].modules)
     if (m.kind != "pseudo") out.push_back(m.fqn);
   return out;
-}
-
-const formats::Profile& synthetic() {
-  static const formats::Profile p = formats::read_profile(kSynthetic);
-  return p;
 }
 
 PlanOptions at_batch(int64_t batch) {
@@ -83,7 +80,7 @@ std::string input_error_of(const formats::Profile& p, const PlanOptions& o) {
 }
 
 json synthetic_json() {
-  return formats::read_json_file(kSynthetic);
+  return formats::read_json_file(kSyntheticProfile);
 }
 
 }  // namespace
@@ -91,7 +88,7 @@ json synthetic_json() {
 TEST_CASE("every profile fixture plans to a stable, valid recipe within its budget", "[tuner][plan]") {
   const std::vector<std::string> files = fixture_profiles();
   // The synthetic fixture is always there, so this test cannot pass on an empty folder.
-  REQUIRE(std::find(files.begin(), files.end(), kSynthetic) != files.end());
+  REQUIRE(std::find(files.begin(), files.end(), kSyntheticProfile) != files.end());
   TempDir dir("plan_fixture");
   for (const std::string& file : files) {
     INFO(file);
@@ -134,7 +131,7 @@ TEST_CASE("every profile fixture plans to a stable, valid recipe within its budg
 
 TEST_CASE("the synthetic H200 profile plans to a known recipe", "[tuner][plan]") {
   PlanOptions o;
-  const PlanResult r = plan(synthetic(), kSynthetic, o);
+  const PlanResult r = plan(synthetic_profile(), kSyntheticProfile, o);
   // 132.8 GiB (139.8 - 5%) leaves room for the ViT activations the profile recomputed: stop recomputing them
   // (the A/B row: -24.1 ms for +20.6 GiB); batch 40 predicts +1.5%, below the 2% an extrapolation needs.
   CHECK(r.budget_gib == Approx(139.8 * 0.95));
@@ -156,13 +153,13 @@ TEST_CASE("the synthetic H200 profile plans to a known recipe", "[tuner][plan]")
 TEST_CASE("a tight budget buys memory with the cheapest recompute per GiB", "[tuner][plan]") {
   PlanOptions o = at_batch(32);
   o.memory_budget_gib = 80;
-  const PlanResult r = plan(synthetic(), kSynthetic, o);
+  const PlanResult r = plan(synthetic_profile(), kSyntheticProfile, o);
   CHECK(*r.recipe.predicted.peak_gib <= 80.0);
   CHECK_FALSE(r.recipe.recompute.modules.empty());
   CHECK(r.predicted.step_ms > r.baseline.step_ms - 24.1);  // slower than the unconstrained plan
   // Tighter still: more recomputation, never less time.
   o.memory_budget_gib = 60;
-  const PlanResult tighter = plan(synthetic(), kSynthetic, o);
+  const PlanResult tighter = plan(synthetic_profile(), kSyntheticProfile, o);
   CHECK(*tighter.recipe.predicted.peak_gib <= 60.0);
   CHECK(tighter.predicted.step_ms >= r.predicted.step_ms);
   // Decoder-layer or backbone-MLP recomputation is what frees that much: name it.
@@ -174,7 +171,7 @@ TEST_CASE("a tight budget buys memory with the cheapest recompute per GiB", "[tu
 TEST_CASE("--fp8 auto picks the measured winners outside the precision-sensitive set", "[tuner][plan][fp8]") {
   PlanOptions o = at_batch(32);
   o.fp8_auto = true;
-  const PlanResult r = plan(synthetic(), kSynthetic, o);
+  const PlanResult r = plan(synthetic_profile(), kSyntheticProfile, o);
   const auto& mods = r.recipe.fp8.modules;
   auto has = [&](const std::string& p) { return std::find(mods.begin(), mods.end(), p) != mods.end(); };
   // The backbone MLP (M = 32 x 712) wins ~1.4x with its casts; compacted over the 17 layers that run it.
@@ -193,13 +190,13 @@ TEST_CASE("--fp8 auto picks the measured winners outside the precision-sensitive
       ++verdicts;
       CHECK(x.numbers.count("bf16_ms"));
     }
-  CHECK(verdicts == static_cast<int>(synthetic().gemms.size()));
+  CHECK(verdicts == static_cast<int>(synthetic_profile().gemms.size()));
 
   SECTION("--fp8-exclude wins, --fp8-include lifts a default exclusion") {
     PlanOptions x = o;
     x.fp8_exclude = {kPL + "*.mlp"};
     x.fp8_include = {kVL + "*.mlp"};
-    const PlanResult y = plan(synthetic(), kSynthetic, x);
+    const PlanResult y = plan(synthetic_profile(), kSyntheticProfile, x);
     bool vit_mlp = false;
     for (const std::string& p : y.recipe.fp8.modules) {
       CHECK(p.find(".mlp.gate_proj") == std::string::npos);
@@ -210,7 +207,7 @@ TEST_CASE("--fp8 auto picks the measured winners outside the precision-sensitive
   SECTION("a margin above every ratio selects nothing") {
     PlanOptions x = o;
     x.fp8_margin = 3.0;
-    CHECK(plan(synthetic(), kSynthetic, x).recipe.fp8.modules.empty());
+    CHECK(plan(synthetic_profile(), kSyntheticProfile, x).recipe.fp8.modules.empty());
   }
 }
 
@@ -220,7 +217,7 @@ TEST_CASE("several GPUs get communication groups that cover the model", "[tuner]
   o.global_batch = 32 * 8;  // micro-batch 32 on each GPU
   // The vision tower's backward runs last: as one group its 0.8 GB all-reduce would be exposed whole.
   o.allreduce_gbps = 150;
-  const PlanResult r = plan(synthetic(), kSynthetic, o);
+  const PlanResult r = plan(synthetic_profile(), kSyntheticProfile, o);
   REQUIRE_FALSE(r.recipe.groups.empty());
   CHECK(r.recipe.distributed.world_size == 8);
   std::set<std::string> names;
@@ -230,7 +227,7 @@ TEST_CASE("several GPUs get communication groups that cover the model", "[tuner]
     all.insert(all.end(), g.modules.begin(), g.modules.end());
   }
   // Together the groups select every layer once, with no overlap.
-  CHECK_NOTHROW(formats::resolve_patterns(all, row_fqns(synthetic()), "recipe.json", "$.groups"));
+  CHECK_NOTHROW(formats::resolve_patterns(all, row_fqns(synthetic_profile()), "recipe.json", "$.groups"));
   bool vision_split = false;
   for (const auto& name : names) vision_split = vision_split || name.rfind("vision.layer.", 0) == 0;
   CHECK(vision_split);
@@ -238,7 +235,7 @@ TEST_CASE("several GPUs get communication groups that cover the model", "[tuner]
   const TempDir dir("plan_groups");
   CHECK_NOTHROW(formats::write_recipe(r.recipe, dir.file("r.json")));
 
-  CHECK(input_error_of(synthetic(),
+  CHECK(input_error_of(synthetic_profile(),
                        [] {
                          PlanOptions x;
                          x.world_size = 2;
@@ -258,30 +255,30 @@ TEST_CASE("a unit's measured all-reduce bytes replace its parameters' when small
     FAIL("no groups decision in the rationale");
     return 0.0;
   };
-  formats::Profile profile = synthetic();
+  formats::Profile profile = synthetic_profile();
   formats::Communication comm;
   comm.world_size = 2;
   comm.allreduce_gbps = 100;
   profile.communication = comm;
-  const double dense = allreduce_ms(plan(profile, kSynthetic, o));
+  const double dense = allreduce_ms(plan(profile, kSyntheticProfile, o));
   // heads.in measured at 1 MB: the embedding's rows only.
   profile.communication->groups.push_back({"heads.in", 1 << 20, 0.01});
-  const double measured = allreduce_ms(plan(profile, kSynthetic, o));
+  const double measured = allreduce_ms(plan(profile, kSyntheticProfile, o));
   CHECK(measured < dense);
   // Measured at another world size: not used.
   profile.communication->world_size = 4;
   profile.communication->allreduce_gbps = 100;
-  CHECK(allreduce_ms(plan(profile, kSynthetic, o)) == Approx(dense));
+  CHECK(allreduce_ms(plan(profile, kSyntheticProfile, o)) == Approx(dense));
   // Larger than the parameters (never scaled up).
   profile.communication->world_size = 2;
   profile.communication->groups.back().bytes = int64_t{1} << 40;
-  CHECK(allreduce_ms(plan(profile, kSynthetic, o)) == Approx(dense));
+  CHECK(allreduce_ms(plan(profile, kSyntheticProfile, o)) == Approx(dense));
 }
 
 TEST_CASE("plan --grid writes ranked distinct candidates and compares measured runs", "[tuner][plan][grid]") {
   PlanOptions o;
   o.candidates = 4;
-  const PlanResult r = plan(synthetic(), kSynthetic, o);
+  const PlanResult r = plan(synthetic_profile(), kSyntheticProfile, o);
   REQUIRE(r.candidates.size() == 4);
   CHECK(r.candidates[0].recipe == r.recipe);
   std::set<std::string> hashes;
@@ -417,7 +414,7 @@ TEST_CASE("plan marks the chosen candidate and says which rule passed over a fas
   // Any global batch: micro-batches above the profiled 32 are candidates (extrapolated).
   PlanOptions any;
   any.allow = {AllowedChange::kGlobalBatch};
-  const PlanResult r = plan(synthetic(), kSynthetic, any);
+  const PlanResult r = plan(synthetic_profile(), kSyntheticProfile, any);
   CHECK(r.used.empty());  // the plan is batch 32, the profiled recipe's global batch
   int chosen = 0;
   for (const auto& x : r.recipe.rationale) {
@@ -437,7 +434,8 @@ TEST_CASE("plan marks the chosen candidate and says which rule passed over a fas
         rule || (x.decision == "micro-batch 32" && x.reason.find("outside the profiled batches") != std::string::npos &&
                  x.reason.find("+2.0%") != std::string::npos);
   // Keeping global batch 32, those batches are no candidates.
-  CHECK(format_explain(plan(synthetic(), kSynthetic, PlanOptions{})).find("batch 40") == std::string::npos);
+  CHECK(format_explain(plan(synthetic_profile(), kSyntheticProfile, PlanOptions{})).find("batch 40") ==
+        std::string::npos);
   CHECK(rule);
   const std::string text = format_explain(r);
   CHECK(text.find("* = the plan") != std::string::npos);
@@ -448,7 +446,7 @@ TEST_CASE("plan marks the chosen candidate and says which rule passed over a fas
 }
 
 TEST_CASE("a noisy profile is warned about, in the result and the rationale", "[tuner][plan]") {
-  CHECK(plan(synthetic(), kSynthetic, at_batch(32)).warnings.empty());
+  CHECK(plan(synthetic_profile(), kSyntheticProfile, at_batch(32)).warnings.empty());
   json j = synthetic_json();
   j["batches"][0]["step_ms_samples"] = {700.0, 765.73, 830.0, 765.73, 700.0, 830.0};
   const PlanResult r = plan(formats::parse_profile(j, "noisy.json"), "noisy.json", at_batch(32));
@@ -461,7 +459,7 @@ TEST_CASE("plan rejects impossible budgets and bad flags, naming the flag", "[tu
   PlanOptions o = at_batch(32);
   SECTION("a budget below what recompute cannot change") {
     o.memory_budget_gib = 20;  // parameters, gradients and AdamW state alone are 25 GiB
-    const std::string e = input_error_of(synthetic(), o);
+    const std::string e = input_error_of(synthetic_profile(), o);
     CHECK(e.find("memory budget 19.0 GiB (5% of the GPU or of --memory-budget left to the allocator) is below what "
                  "batch 32 needs") != std::string::npos);
   }
@@ -472,29 +470,29 @@ TEST_CASE("plan rejects impossible budgets and bad flags, naming the flag", "[tu
   }
   SECTION("a recompute candidate the trainer cannot recompute") {
     o.recompute_candidates = {"paligemma_with_expert.gemma_expert.model.layers.3.input_layernorm"};
-    CHECK(input_error_of(synthetic(), o).find("not recomputable") != std::string::npos);
+    CHECK(input_error_of(synthetic_profile(), o).find("not recomputable") != std::string::npos);
   }
   SECTION("recompute candidates that nest each other") {
     o.recompute_candidates = {kPL + "3", kPL + "3.mlp"};
-    CHECK(input_error_of(synthetic(), o).find("--recompute-candidate") != std::string::npos);
+    CHECK(input_error_of(synthetic_profile(), o).find("--recompute-candidate") != std::string::npos);
   }
   SECTION("a bad FP8 pattern or margin") {
     o.fp8_exclude = {"layers.1*"};
-    CHECK(input_error_of(synthetic(), o).find("--fp8-exclude") != std::string::npos);
+    CHECK(input_error_of(synthetic_profile(), o).find("--fp8-exclude") != std::string::npos);
     o.fp8_exclude.clear();
     o.fp8_margin = 0.9;
-    CHECK(input_error_of(synthetic(), o).find("--fp8-margin") != std::string::npos);
+    CHECK(input_error_of(synthetic_profile(), o).find("--fp8-margin") != std::string::npos);
   }
   SECTION("a non-positive batch") {
     o.batch = 0;
-    CHECK(input_error_of(synthetic(), o).find("--batch") != std::string::npos);
+    CHECK(input_error_of(synthetic_profile(), o).find("--batch") != std::string::npos);
   }
 }
 
 TEST_CASE("the cost model fits the batch and calibrates with the A/B rows", "[tuner][cost]") {
-  const CostModel m = build_cost_model(synthetic(), kSynthetic);
-  CHECK(m.step_ms.at(32) == Approx(synthetic().batches[0].step_ms));
-  CHECK(m.step_ms.at(16) == Approx(synthetic().batches[1].step_ms));
+  const CostModel m = build_cost_model(synthetic_profile(), kSyntheticProfile);
+  CHECK(m.step_ms.at(32) == Approx(synthetic_profile().batches[0].step_ms));
+  CHECK(m.step_ms.at(16) == Approx(synthetic_profile().batches[1].step_ms));
   CHECK(m.peak_gib.at(16) == Approx(58.3));
   // 27 ViT layers + 18 x (layer, attention, backbone MLP except the dead last one, expert MLP) + the tower.
   CHECK(m.units.size() == 1 + 27 + 18 * 3 + 17);

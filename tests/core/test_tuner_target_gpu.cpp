@@ -9,21 +9,17 @@
 #include "formats/json_io.h"
 #include "formats/profile.h"
 #include "formats/recipe.h"
+#include "profile_fixtures.h"
 #include "tuner/cost_model.h"
 #include "tuner/gpus.h"
 #include "tuner/planner.h"
 
 using namespace vlatune;
 using namespace vlatune::tuner;
+using vlatune::test::kSyntheticProfile;
+using vlatune::test::synthetic_profile;
 
 namespace {
-
-const std::string kSynthetic = std::string(VLATUNE_FIXTURES_DIR) + "/profile_synthetic_pi05.json";
-
-const formats::Profile& synthetic() {
-  static const formats::Profile p = formats::read_profile(kSynthetic);
-  return p;
-}
 
 bool has_fp8_plan(const PlanResult& r) {
   return !r.recipe.fp8.modules.empty();
@@ -61,7 +57,7 @@ TEST_CASE("the GPU table states vendor memory in bytes and each GPU's compute ca
 TEST_CASE("plan --gpu plans another GPU's memory and says which predictions transfer", "[tuner][plan][gpu]") {
   PlanOptions o;
   o.gpu = "L40S";
-  const PlanResult r = plan(synthetic(), kSynthetic, o);
+  const PlanResult r = plan(synthetic_profile(), kSyntheticProfile, o);
   CHECK(r.budget_gib == Approx(48e9 / kGiB * 0.95));
   CHECK(r.budget_gib < 48e9 / kGiB);
   CHECK(*r.recipe.predicted.peak_gib <= r.budget_gib);
@@ -76,12 +72,12 @@ TEST_CASE("plan --gpu plans another GPU's memory and says which predictions tran
   CHECK(text.find("the peak transfers to the target GPU, the time does not") != std::string::npos);
   SECTION("--memory-budget still wins") {
     o.memory_budget_gib = 40;
-    CHECK(plan(synthetic(), kSynthetic, o).budget_gib == Approx(40 * kDefaultBudgetFraction));
+    CHECK(plan(synthetic_profile(), kSyntheticProfile, o).budget_gib == Approx(40 * kDefaultBudgetFraction));
   }
   SECTION("an RTX 4090: 24 GB, a budget nothing fits without --allow") {
     o.gpu = "RTX 4090";
     try {
-      plan(synthetic(), kSynthetic, o);
+      plan(synthetic_profile(), kSyntheticProfile, o);
       FAIL("full fine-tuning at global batch 32 planned in 21.2 GiB with bf16 moments");
     } catch (const PlanInputError& e) {
       CHECK(std::string(e.what()).find(
@@ -91,7 +87,7 @@ TEST_CASE("plan --gpu plans another GPU's memory and says which predictions tran
   }
   SECTION("an unknown GPU is a bad flag listing the known ones") {
     o.gpu = "Voodoo 2";
-    CHECK_THROWS_WITH(plan(synthetic(), kSynthetic, o), Catch::Contains("known: RTX 3090"));
+    CHECK_THROWS_WITH(plan(synthetic_profile(), kSyntheticProfile, o), Catch::Contains("known: RTX 3090"));
   }
 }
 
@@ -99,10 +95,10 @@ TEST_CASE("plan never proposes FP8 on a GPU without it", "[tuner][plan][gpu][fp8
   PlanOptions o;
   o.fp8_auto = true;
   o.batch = 32;
-  REQUIRE(has_fp8_plan(plan(synthetic(), kSynthetic, o)));  // the H200 profile: FP8 winners
+  REQUIRE(has_fp8_plan(plan(synthetic_profile(), kSyntheticProfile, o)));  // the H200 profile: FP8 winners
   SECTION("--gpu A100-80GB") {
     o.gpu = "A100-80GB";
-    const PlanResult r = plan(synthetic(), kSynthetic, o);
+    const PlanResult r = plan(synthetic_profile(), kSyntheticProfile, o);
     CHECK_FALSE(has_fp8_plan(r));
     CHECK(r.predicted.fp8_ms == 0);
     const formats::Rationale* off = find_decision(r.recipe, "FP8 off");
@@ -111,23 +107,23 @@ TEST_CASE("plan never proposes FP8 on a GPU without it", "[tuner][plan][gpu][fp8
     CHECK(off->reason.find("8.9 or newer") != std::string::npos);
   }
   SECTION("a profile made on an A6000 (its compute capability recorded)") {
-    formats::Profile p = synthetic();
+    formats::Profile p = synthetic_profile();
     p.environment.gpu = "NVIDIA RTX A6000";
     p.settings.compute_capability = formats::ComputeCapability{8, 6};
-    CHECK_FALSE(has_fp8_plan(plan(p, kSynthetic, o)));
+    CHECK_FALSE(has_fp8_plan(plan(p, kSyntheticProfile, o)));
   }
   SECTION("a profile made on an A100 that records no compute capability: known by the GPU's name") {
-    formats::Profile p = synthetic();
+    formats::Profile p = synthetic_profile();
     p.environment.gpu = "NVIDIA A100-SXM4-80GB";
     REQUIRE_FALSE(p.settings.compute_capability);
-    const PlanResult r = plan(p, kSynthetic, o);
+    const PlanResult r = plan(p, kSyntheticProfile, o);
     CHECK_FALSE(has_fp8_plan(r));
     CHECK(find_decision(r.recipe, "FP8 off")->reason.find("by its name") != std::string::npos);
   }
 }
 
 TEST_CASE("plan refuses an inference profile, naming the file and the field", "[tuner][plan][errors]") {
-  nlohmann::json j = formats::read_json_file(kSynthetic);
+  nlohmann::json j = formats::read_json_file(kSyntheticProfile);
   j["settings"]["workload"] = "inference";
   const formats::Profile inference = formats::parse_profile(j, "inference.json");
   try {
@@ -139,7 +135,7 @@ TEST_CASE("plan refuses an inference profile, naming the file and the field", "[
     CHECK(e.reason().find("\"inference\": plan needs a training profile") != std::string::npos);
   }
   // A profile written before the field (the fixture has none) is a training profile.
-  REQUIRE_FALSE(formats::read_json_file(kSynthetic)["settings"].contains("workload"));
-  CHECK(synthetic().settings.workload == "train");
-  CHECK_NOTHROW(plan(synthetic(), kSynthetic, PlanOptions{}));
+  REQUIRE_FALSE(formats::read_json_file(kSyntheticProfile)["settings"].contains("workload"));
+  CHECK(synthetic_profile().settings.workload == "train");
+  CHECK_NOTHROW(plan(synthetic_profile(), kSyntheticProfile, PlanOptions{}));
 }
