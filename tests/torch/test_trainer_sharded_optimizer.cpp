@@ -47,6 +47,32 @@ std::vector<std::pair<std::string, torch::Tensor>> clone_params(
   return out;
 }
 
+std::vector<int64_t> numels_of(const std::vector<std::pair<std::string, torch::Tensor>>& params) {
+  std::vector<int64_t> out;
+  for (const auto& [name, p] : params) out.push_back(p.numel());
+  return out;
+}
+
+// Rank `rank`'s range of each parameter under the shard layout of `numels` over `world` ranks.
+std::vector<ParamRange> rank_ranges(const std::vector<int64_t>& numels, int world, int rank) {
+  const auto layout = vlatune::trainer::shard_layout(numels, world);
+  std::vector<ParamRange> out;
+  for (size_t i = 0; i < numels.size(); ++i) out.push_back(vlatune::trainer::shard_range(layout, i, numels[i], rank));
+  return out;
+}
+
+// Gradient sources for a sharded AdamW whose every .grad holds the whole gradient, as over Gloo: each range is read
+// from its parameter's .grad. `params` must outlive the optimizer.
+ShardedGradients whole_gradient_sources(const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                                        std::vector<ParamRange> ranges) {
+  ShardedGradients sources;
+  sources.range_gradient = [&params, ranges = std::move(ranges)](size_t i) {
+    return params[i].second.grad().view({-1}).narrow(0, ranges[i].start, ranges[i].length);
+  };
+  sources.whole_gradients = true;
+  return sources;
+}
+
 }  // namespace
 
 TEST_CASE("The shard layout: equal shards on 256-value blocks, ranges that partition every parameter",
@@ -118,22 +144,14 @@ TEST_CASE("Sharded AdamW: each rank's ranges updated as the unsharded step updat
       std::vector<double> norms;
       for (int step = 0; step < 3; ++step) norms.push_back(step_all(unsharded, whole, step).grad_norm);
 
-      std::vector<int64_t> numels;
-      for (const auto& [name, p] : start) numels.push_back(p.numel());
-      const auto layout = vlatune::trainer::shard_layout(numels, world);
+      const std::vector<int64_t> numels = numels_of(start);
       int64_t bytes = 0;
       std::vector<torch::Tensor> assembled;
       for (const auto& [name, p] : start) assembled.push_back(torch::empty_like(p).view({-1}));
       for (int rank = 0; rank < world; ++rank) {
         auto mine = clone_params(start);
-        std::vector<ParamRange> ranges;
-        for (size_t i = 0; i < mine.size(); ++i)
-          ranges.push_back(vlatune::trainer::shard_range(layout, i, numels[i], rank));
-        ShardedGradients sources;
-        sources.range_gradient = [&](size_t i) {
-          return mine[i].second.grad().view({-1}).narrow(0, ranges[i].start, ranges[i].length);
-        };
-        sources.whole_gradients = true;  // every .grad holds the whole gradient here, as over Gloo
+        const std::vector<ParamRange> ranges = rank_ranges(numels, world, rank);
+        const ShardedGradients sources = whole_gradient_sources(mine, ranges);
         AdamW sharded(mine, options, ranges, sources);
         CHECK(sharded.sharded());
         bytes += sharded.state_bytes();
@@ -190,20 +208,11 @@ TEST_CASE("A sharded AdamW resumed from the whole state continues exactly as the
   for (const auto& [name, t] : unsharded.state_dict().tensors) checkpoint.tensors.emplace_back(name, t.clone());
   run(unsharded, whole, 2, 4);
 
-  std::vector<int64_t> numels;
-  for (const auto& [name, p] : start) numels.push_back(p.numel());
-  const auto layout = vlatune::trainer::shard_layout(numels, 2);
+  const std::vector<int64_t> numels = numels_of(start);
   for (int rank = 0; rank < 2; ++rank) {
     auto mine = clone_params(checkpoint_params);
-    std::vector<ParamRange> ranges;
-    for (size_t i = 0; i < mine.size(); ++i)
-      ranges.push_back(vlatune::trainer::shard_range(layout, i, numels[i], rank));
-    ShardedGradients sources;
-    sources.range_gradient = [&](size_t i) {
-      return mine[i].second.grad().view({-1}).narrow(0, ranges[i].start, ranges[i].length);
-    };
-    sources.whole_gradients = true;
-    AdamW sharded(mine, options, ranges, sources);
+    const std::vector<ParamRange> ranges = rank_ranges(numels, 2, rank);
+    AdamW sharded(mine, options, ranges, whole_gradient_sources(mine, ranges));
     sharded.load_state_dict(checkpoint);
     run(sharded, mine, 2, 4);
     for (size_t i = 0; i < mine.size(); ++i) {
