@@ -131,6 +131,10 @@ bool fqn_within(const std::string& inner, const std::string& outer) {
          (inner.size() == outer.size() || inner[outer.size()] == '.');
 }
 
+bool fqn_within_any(const std::string& inner, const std::vector<std::string>& outers) {
+  return std::any_of(outers.begin(), outers.end(), [&](const std::string& o) { return fqn_within(inner, o); });
+}
+
 bool pattern_covers(const std::string& pattern, const std::string& fqn) {
   for (size_t end = fqn.size(); end != std::string::npos && end > 0; end = fqn.rfind('.', end - 1))
     if (fqn_matches(pattern, fqn.substr(0, end))) return true;

@@ -30,6 +30,8 @@ bool fqn_matches(const std::string& pattern, const std::string& fqn);
 // True when `inner` is `outer` or lies inside it: `outer` is a whole-segment prefix of `inner`
 // ("a.b.c" lies inside "a.b", "a.bc" does not). The one definition of module containment.
 bool fqn_within(const std::string& inner, const std::string& outer);
+// True when `inner` is or lies inside one of `outers`.
+bool fqn_within_any(const std::string& inner, const std::vector<std::string>& outers);
 
 // True when `pattern` matches `fqn` or one of its ancestors (the pattern selects a module that holds `fqn`).
 bool pattern_covers(const std::string& pattern, const std::string& fqn);

@@ -294,10 +294,7 @@ LoraPresetSpec lora_preset(formats::LoraPreset) {
 }
 
 std::vector<BackwardFree> backward_free_modules(const std::vector<std::string>& frozen, int64_t joint_depth) {
-  auto is_frozen = [&frozen](const std::string& module) {
-    return std::any_of(frozen.begin(), frozen.end(),
-                       [&](const std::string& f) { return formats::fqn_within(module, f); });
-  };
+  auto is_frozen = [&frozen](const std::string& module) { return formats::fqn_within_any(module, frozen); };
   std::vector<BackwardFree> out;
   const bool vision = is_frozen(kVisionTower);
   if (vision) out.push_back({kVisionTower, {}});

@@ -56,8 +56,7 @@ std::vector<BucketAssignment> assign_parameters(const std::vector<std::string>& 
   for (size_t p = 0; p < param_names.size(); ++p) {
     int owner = -1;
     for (size_t g = 0; g < groups.size(); ++g) {
-      const bool inside = std::any_of(groups[g].modules.begin(), groups[g].modules.end(),
-                                      [&](const std::string& m) { return formats::fqn_within(param_names[p], m); });
+      const bool inside = formats::fqn_within_any(param_names[p], groups[g].modules);
       if (!inside) continue;
       if (owner >= 0)
         throw std::invalid_argument("parameter " + param_names[p] + " is in two groups: '" + groups[owner].name +

@@ -15,6 +15,18 @@ bool is_pseudo_row(const formats::ModuleCost& m) {
   return m.kind == "pseudo" || (!m.fqn.empty() && m.fqn.front() == '<');
 }
 
+std::vector<int> outermost_rows(const formats::BatchProfile& b, const std::vector<int>& rows) {
+  std::vector<int> outermost;
+  for (int i : rows) {
+    const std::string& fqn = b.modules[static_cast<size_t>(i)].fqn;
+    const bool nested = std::any_of(rows.begin(), rows.end(), [&](int j) {
+      return j != i && formats::fqn_within(fqn, b.modules[static_cast<size_t>(j)].fqn);
+    });
+    if (!nested) outermost.push_back(i);
+  }
+  return outermost;
+}
+
 std::vector<int> rows_for(const formats::BatchProfile& b, const std::string& alias) {
   std::vector<int> inside;
   for (size_t i = 0; i < b.modules.size(); ++i) {
@@ -22,15 +34,7 @@ std::vector<int> rows_for(const formats::BatchProfile& b, const std::string& ali
     if (b.modules[i].fqn == alias) return {static_cast<int>(i)};
     if (formats::fqn_within(b.modules[i].fqn, alias)) inside.push_back(static_cast<int>(i));
   }
-  std::vector<int> outermost;
-  for (int i : inside) {
-    const std::string& fqn = b.modules[static_cast<size_t>(i)].fqn;
-    const bool nested = std::any_of(inside.begin(), inside.end(), [&](int j) {
-      return j != i && formats::fqn_within(fqn, b.modules[static_cast<size_t>(j)].fqn);
-    });
-    if (!nested) outermost.push_back(i);
-  }
-  return outermost;
+  return outermost_rows(b, inside);
 }
 
 bool profiled_in_fp8(const formats::Profile& profile, const formats::GemmEntry& gemm) {
@@ -205,8 +209,7 @@ TrainingStateBytes training_state_bytes(const std::vector<ParameterShape>& param
     const double n = numel_of(p.shape);
     const auto dot = p.name.rfind('.');
     const bool lora_base = dot != std::string::npos && adapted.count(p.name.substr(0, dot)) != 0;
-    const bool frozen = lora_base || std::any_of(selection.frozen.begin(), selection.frozen.end(),
-                                                 [&](const std::string& m) { return formats::fqn_within(p.name, m); });
+    const bool frozen = lora_base || formats::fqn_within_any(p.name, selection.frozen);
     (frozen ? out.frozen_numel : out.trainable_numel) += n;
     if (!frozen) trainable.push_back(n);
   }

@@ -170,6 +170,8 @@ double plan_optimizer_state(CostModel& model, formats::StateDtype planned, int p
 bool is_pseudo_row(const formats::ModuleCost& row);
 // The rows of `b` summed for `alias`: its own row, else the outermost rows inside it (indices into b.modules).
 std::vector<int> rows_for(const formats::BatchProfile& b, const std::string& alias);
+// Those of `rows` (indices into b.modules) that lie inside no other of them.
+std::vector<int> outermost_rows(const formats::BatchProfile& b, const std::vector<int>& rows);
 // True when the profiled recipe runs `gemm` in FP8 (a pattern of its fp8.modules matches a member).
 bool profiled_in_fp8(const formats::Profile& profile, const formats::GemmEntry& gemm);
 

@@ -106,21 +106,16 @@ std::vector<CommPiece> comm_pieces(const CostModel& m, int64_t batch, const std:
   for (const layout::GroupPiece& gp : layout::group_pieces(m.module_fqns)) {
     CommPiece p{gp.name, gp.unit, gp.roots, 0, 0};
     const TrainableChange& t = m.trainable;
-    auto within = [](const std::string& fqn, const std::vector<std::string>& modules) {
-      return std::any_of(modules.begin(), modules.end(),
-                         [&](const std::string& x) { return formats::fqn_within(fqn, x); });
-    };
     for (const std::string& root : gp.roots) {
-      if (!t.active || !within(root, t.no_backward) || within(root, t.kept))
+      if (!t.active || !formats::fqn_within_any(root, t.no_backward) || formats::fqn_within_any(root, t.kept))
         p.backward_ms += root_backward_ms(m, root, static_cast<double>(batch));
-      if (!t.active || !within(root, t.frozen))  // frozen: no gradient to reduce (LoRA adapters: a few MB, left out)
+      if (!t.active || !formats::fqn_within_any(
+                           root, t.frozen))  // frozen: no gradient to reduce (LoRA adapters: a few MB, left out)
         p.grad_bytes += root_parameter_bytes(m, root) / param_elem * reduce_elem;
     }
     for (int u : recompute) {
       const std::string& name = m.units[static_cast<size_t>(u)].spec.aliases[0];
-      if (std::any_of(gp.roots.begin(), gp.roots.end(),
-                      [&](const std::string& r) { return formats::fqn_within(name, r); }))
-        p.backward_ms += problem.items[static_cast<size_t>(u)].cost_ms;
+      if (formats::fqn_within_any(name, gp.roots)) p.backward_ms += problem.items[static_cast<size_t>(u)].cost_ms;
     }
     out.push_back(std::move(p));
   }

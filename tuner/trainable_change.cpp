@@ -19,10 +19,6 @@ using formats::fixed;
 // sustains in a GEMM that streams its inputs), whatever their FLOP share of the base GEMM says.
 constexpr double kAdapterBytesPerMs = 3e9;
 
-bool within_any(const std::string& fqn, const std::vector<std::string>& modules) {
-  return std::any_of(modules.begin(), modules.end(), [&](const std::string& m) { return formats::fqn_within(fqn, m); });
-}
-
 std::vector<std::string> row_fqns(const formats::BatchProfile& b) {
   std::vector<std::string> out;
   for (const formats::ModuleCost& row : b.modules)
@@ -165,21 +161,16 @@ void plan_trainable(CostModel& model, const TrainableSelection& selection, forma
   // Frozen parameters: the outermost rows inside a frozen module (parameter_bytes are inclusive).
   std::vector<int> frozen_rows;
   for (size_t i = 0; i < b0.modules.size(); ++i)
-    if (!is_pseudo_row(b0.modules[i]) && within_any(b0.modules[i].fqn, t.frozen))
+    if (!is_pseudo_row(b0.modules[i]) && formats::fqn_within_any(b0.modules[i].fqn, t.frozen))
       frozen_rows.push_back(static_cast<int>(i));
-  for (int i : frozen_rows) {
-    const std::string& fqn = b0.modules[static_cast<size_t>(i)].fqn;
-    const bool nested = std::any_of(frozen_rows.begin(), frozen_rows.end(), [&](int j) {
-      return j != i && formats::fqn_within(fqn, b0.modules[static_cast<size_t>(j)].fqn);
-    });
-    if (!nested) t.frozen_parameter_bytes += static_cast<double>(b0.modules[static_cast<size_t>(i)].parameter_bytes);
-  }
+  for (int i : outermost_rows(b0, frozen_rows))
+    t.frozen_parameter_bytes += static_cast<double>(b0.modules[static_cast<size_t>(i)].parameter_bytes);
   for (const std::string& m : t.frozen)
     if (rows_for(b0, m).empty())
       throw PlanInputError(flag + ": frozen module " + m +
                            " has no row in the profile (batches[0].modules) to size it");
   for (const auto& [linear, rank] : selection.lora)
-    if (!within_any(linear, t.frozen))
+    if (!formats::fqn_within_any(linear, t.frozen))
       throw PlanInputError(flag + ": LoRA on " + linear +
                            " outside the frozen modules: its base weight cannot be sized from the profile");
   t.frozen_numel = t.frozen_parameter_bytes / elem;
@@ -235,12 +226,12 @@ void plan_trainable(CostModel& model, const TrainableSelection& selection, forma
   std::set<std::string> adapted;
   for (const auto& [linear, rank] : selection.lora) adapted.insert(linear);
   for (const formats::GemmEntry& e : profile.gemms) {
-    const bool frozen =
-        std::all_of(e.members.begin(), e.members.end(), [&](const std::string& m) { return within_any(m, t.frozen); });
+    const bool frozen = std::all_of(e.members.begin(), e.members.end(),
+                                    [&](const std::string& m) { return formats::fqn_within_any(m, t.frozen); });
     if (!frozen) continue;
     const std::string& member = e.members[0];
-    const bool in_kept = within_any(member, t.kept);
-    if (within_any(member, t.no_backward) && !in_kept) continue;  // in the rows removed above
+    const bool in_kept = formats::fqn_within_any(member, t.kept);
+    if (formats::fqn_within_any(member, t.no_backward) && !in_kept) continue;  // in the rows removed above
     const bool lora =
         std::any_of(e.members.begin(), e.members.end(), [&](const std::string& m) { return adapted.count(m); });
     const formats::GemmTimes& times = profiled_in_fp8(profile, e) && e.fp8 ? *e.fp8 : e.bf16;
