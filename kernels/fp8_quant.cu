@@ -30,7 +30,7 @@ using fused_detail::to_float;
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kTile = 64;  // a block casts a 64 x 64 tile: rows read as 16-byte vectors, the transpose via smem
+constexpr int kTile = 64;  // a block casts 64 x 64 tiles: rows read as 16-byte vectors, the transpose via smem
 constexpr int kAmaxBlocksPerSm = 8;
 
 template <Fp8Format F>
@@ -63,25 +63,29 @@ __device__ __forceinline__ void atomic_max_nonneg(float* address, float value) {
 
 using Tile = uint8_t[kTile][kTile + 16];  // an FP8 tile in shared memory, padded against bank conflicts
 
-// The first row and column of this block's kTile x kTile tile.
-__device__ __forceinline__ int64_t tile_row0() {
-  return static_cast<int64_t>(blockIdx.x) * kTile;
+// A kTile x kTile tile of a [rows, cols] matrix: its first row and column. Tiles are numbered down the rows first,
+// so the blocks working at one time write neighbouring segments of the transposed copy's rows.
+struct TileAt {
+  int64_t row0, col0;
+};
+__host__ __device__ __forceinline__ int64_t tile_count(int64_t rows, int64_t cols) {
+  return ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
 }
-__device__ __forceinline__ int64_t tile_col0() {
-  return static_cast<int64_t>(blockIdx.y) * kTile;
+__device__ __forceinline__ TileAt tile_at(int64_t tile, int64_t rows) {
+  const int64_t row_tiles = (rows + kTile - 1) / kTile;
+  return {(tile % row_tiles) * kTile, (tile / row_tiles) * kTile};
 }
 
-// This thread's 16-byte vectors (V elements of T) of the block's tile inside a [rows, cols] matrix: body(r, c, gr,
-// gc) with the vector's first element at (r, c) in the tile and (gr, gc) in the matrix. rows and cols are multiples
-// of 16, so vectors are whole.
+// This thread's 16-byte vectors (V elements of T) of tile `at` inside a [rows, cols] matrix: body(r, c, gr, gc)
+// with the vector's first element at (r, c) in the tile and (gr, gc) in the matrix. rows and cols are multiples of
+// 16, so vectors are whole.
 template <int V, typename Body>
-__device__ __forceinline__ void for_each_tile_vector(int64_t rows, int64_t cols, Body body) {
+__device__ __forceinline__ void for_each_tile_vector(TileAt at, int64_t rows, int64_t cols, Body body) {
   constexpr int kVecPerRow = kTile / V;  // vectors per tile row
-  const int64_t row0 = tile_row0(), col0 = tile_col0();
 #pragma unroll
   for (int i = threadIdx.x; i < kTile * kVecPerRow; i += kThreads) {
     const int r = i / kVecPerRow, c = (i % kVecPerRow) * V;
-    const int64_t gr = row0 + r, gc = col0 + c;
+    const int64_t gr = at.row0 + r, gc = at.col0 + c;
     if (gr >= rows || gc >= cols) continue;
     body(r, c, gr, gc);
   }
@@ -131,12 +135,18 @@ __global__ void __launch_bounds__(kThreads) fp8_amax_kernel(const Fp8AmaxParams 
 }
 
 // scale = fp8_max / max(amax_in[i], i != skip); 1 when that is 0, not finite, or amax_in is null (amax-only passes).
-__device__ __forceinline__ float scale_from(const float* amax_in, int count, int skip, float fmax, float* amax_used) {
+// Called by a whole warp: each lane reads its share of the history, so a 16-entry history costs one round trip to
+// L2 instead of 16 in a row (every block reads it before it can cast). Lane 0 writes amax_used. fmaxf drops NaN
+// in any order, so the result is the sequential maximum's.
+__device__ __forceinline__ float warp_scale_from(const float* amax_in, int count, int skip, float fmax,
+                                                 float* amax_used) {
+  const int lane = threadIdx.x & 31;
   float amax = 0.f;
   if (amax_in != nullptr)
-    for (int i = 0; i < count; ++i)
+    for (int i = lane; i < count; i += 32)
       if (i != skip) amax = fmaxf(amax, amax_in[i]);
-  if (amax_used != nullptr) *amax_used = amax;
+  for (int offset = 16; offset > 0; offset >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  if (lane == 0 && amax_used != nullptr) *amax_used = amax;
   return (amax > 0.f && isfinite(amax)) ? __fdiv_rn(fmax, amax) : 1.f;
 }
 
@@ -147,12 +157,14 @@ __global__ void __launch_bounds__(kThreads) fp8_quant_kernel(const Fp8QuantParam
   constexpr int V = kVec<T>;  // elements per 16-byte load: 8 bf16, 4 fp32
   __shared__ float s_scale;
   __shared__ __align__(16) Tile tile;  // FP8 tile for the transposed write
-  if (threadIdx.x == 0) {
-    const bool first = blockIdx.x == 0 && blockIdx.y == 0;
+  if (threadIdx.x < 32) {
+    const bool first = blockIdx.x == 0;
     const float scale =
-        scale_from(p.amax_in, p.amax_count, p.amax_skip, fp8_max_value(F), first ? p.amax_used_out : nullptr);
-    s_scale = scale;
-    if (first && p.inv_scale_out != nullptr) p.inv_scale_out[0] = __fdiv_rn(1.f, scale);
+        warp_scale_from(p.amax_in, p.amax_count, p.amax_skip, fp8_max_value(F), first ? p.amax_used_out : nullptr);
+    if (threadIdx.x == 0) {
+      s_scale = scale;
+      if (first && p.inv_scale_out != nullptr) p.inv_scale_out[0] = __fdiv_rn(1.f, scale);
+    }
   }
   __syncthreads();
   const float scale = s_scale;
@@ -160,37 +172,43 @@ __global__ void __launch_bounds__(kThreads) fp8_quant_kernel(const Fp8QuantParam
   uint8_t* out = static_cast<uint8_t*>(p.out);
   uint8_t* out_t = static_cast<uint8_t*>(p.out_t);
   float m = 0.f;
-  for_each_tile_vector<V>(p.rows, p.cols, [&](int r, int c, int64_t gr, int64_t gc) {
-    Pack<T, V> v;
-    if constexpr (kGeglu) {
-      const T* row = x + gr * 2 * p.cols;
-      const Pack<T, V> g = load_pack(row + gc, 0), u = load_pack(row + p.cols + gc, 0);
+  const int64_t tiles = tile_count(p.rows, p.cols);
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const TileAt at = tile_at(t, p.rows);
+    if (out_t != nullptr && t != blockIdx.x) __syncthreads();  // the previous tile's transposed reads are done
+    for_each_tile_vector<V>(at, p.rows, p.cols, [&](int r, int c, int64_t gr, int64_t gc) {
+      Pack<T, V> v;
+      if constexpr (kGeglu) {
+        const T* row = x + gr * 2 * p.cols;
+        const Pack<T, V> g = load_pack(row + gc, 0), u = load_pack(row + p.cols + gc, 0);
 #pragma unroll
-      for (int k = 0; k < V; ++k) v.v[k] = from_float<T>(geglu_value<T>(to_float(g.v[k]), to_float(u.v[k])));
-    } else {
-      v = load_pack(x + gr * p.cols + gc, 0);
-    }
-    Pack<uint8_t, V> q;
+        for (int k = 0; k < V; ++k) v.v[k] = from_float<T>(geglu_value<T>(to_float(g.v[k]), to_float(u.v[k])));
+      } else {
+        v = load_pack(x + gr * p.cols + gc, 0);
+      }
+      Pack<uint8_t, V> q;
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const float f = to_float(v.v[k]);
-      m = fmaxf(m, fabsf(f));
-      q.v[k] = cast_fp8<F>(__fmul_rn(f, scale));
+      for (int k = 0; k < V; ++k) {
+        const float f = to_float(v.v[k]);
+        m = fmaxf(m, fabsf(f));
+        q.v[k] = cast_fp8<F>(__fmul_rn(f, scale));
+      }
+      if (out != nullptr) *reinterpret_cast<Pack<uint8_t, V>*>(out + gr * p.out_ld + gc) = q;
+      if (out_t != nullptr) *reinterpret_cast<Pack<uint8_t, V>*>(&tile[r][c]) = q;
+    });
+    if (out_t != nullptr) {
+      __syncthreads();
+      const TilePart part = tile_part();
+      const int64_t gr = at.row0 + part.r;
+      if (gr < p.rows && at.col0 + part.c < p.cols)
+        write_transposed(tile, part, out_t + at.col0 * p.out_t_ld, p.out_t_ld, gr);
     }
-    if (out != nullptr) *reinterpret_cast<Pack<uint8_t, V>*>(out + gr * p.out_ld + gc) = q;
-    if (out_t != nullptr) *reinterpret_cast<Pack<uint8_t, V>*>(&tile[r][c]) = q;
-  });
-  if (out_t != nullptr) {
-    __syncthreads();
-    const TilePart part = tile_part();
-    const int64_t gr = tile_row0() + part.r, col0 = tile_col0();
-    if (gr < p.rows && col0 + part.c < p.cols) write_transposed(tile, part, out_t + col0 * p.out_t_ld, p.out_t_ld, gr);
   }
   record_amax(m, p.amax_out);
 }
 
-// The GeGLU backward, cast: one 64 x 64 tile of the GeGLU width per block; d gate, d up and the recomputed GeGLU
-// output take three shared-memory tiles for their transposed writes.
+// The GeGLU backward, cast: 64 x 64 tiles of the GeGLU width, a block walking several; d gate, d up and the
+// recomputed GeGLU output take three shared-memory tiles for their transposed writes.
 template <typename T, Fp8Format F>
 __global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluBwdParams bp) {
   const Fp8QuantParams& p = bp.grad_merged;
@@ -199,15 +217,17 @@ __global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluB
   __shared__ __align__(16) Tile tile_g;
   __shared__ __align__(16) Tile tile_u;
   __shared__ __align__(16) Tile tile_a;
-  if (threadIdx.x == 0) {
-    const bool first = blockIdx.x == 0 && blockIdx.y == 0;
+  if (threadIdx.x < 32) {
+    const bool first = blockIdx.x == 0;
     const float scale =
-        scale_from(p.amax_in, p.amax_count, p.amax_skip, fp8_max_value(F), first ? p.amax_used_out : nullptr);
-    const float act_scale = scale_from(bp.act_amax_in, 1, -1, fp8_max_value(Fp8Format::kE4m3), nullptr);
-    s_scale = scale;
-    s_act_scale = act_scale;
-    if (first && p.inv_scale_out != nullptr) p.inv_scale_out[0] = __fdiv_rn(1.f, scale);
-    if (first && bp.act_inv_scale_out != nullptr) bp.act_inv_scale_out[0] = __fdiv_rn(1.f, act_scale);
+        warp_scale_from(p.amax_in, p.amax_count, p.amax_skip, fp8_max_value(F), first ? p.amax_used_out : nullptr);
+    const float act_scale = warp_scale_from(bp.act_amax_in, 1, -1, fp8_max_value(Fp8Format::kE4m3), nullptr);
+    if (threadIdx.x == 0) {
+      s_scale = scale;
+      s_act_scale = act_scale;
+      if (first && p.inv_scale_out != nullptr) p.inv_scale_out[0] = __fdiv_rn(1.f, scale);
+      if (first && bp.act_inv_scale_out != nullptr) bp.act_inv_scale_out[0] = __fdiv_rn(1.f, act_scale);
+    }
   }
   __syncthreads();
   const float scale = s_scale, act_scale = s_act_scale;
@@ -217,66 +237,84 @@ __global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluB
   uint8_t* out_t = static_cast<uint8_t*>(p.out_t);
   uint8_t* act_t = static_cast<uint8_t*>(bp.act_t);
   const int64_t f = p.cols;
+  const bool transposes = out_t != nullptr || act_t != nullptr;
   float m = 0.f;
-  for_each_tile_vector<V>(p.rows, f, [&](int r, int c, int64_t gr, int64_t gc) {
-    const T* row = merged + gr * 2 * f;
-    const Pack<T, V> g = load_pack(row + gc, 0), u = load_pack(row + f + gc, 0);
-    const Pack<T, V> dy = load_pack(grad + gr * f + gc, 0);
-    Pack<uint8_t, V> qg, qu, qa;
+  const int64_t tiles = tile_count(p.rows, f);
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const TileAt at = tile_at(t, p.rows);
+    if (transposes && t != blockIdx.x) __syncthreads();  // the previous tile's transposed reads are done
+    for_each_tile_vector<V>(at, p.rows, f, [&](int r, int c, int64_t gr, int64_t gc) {
+      const T* row = merged + gr * 2 * f;
+      const Pack<T, V> g = load_pack(row + gc, 0), u = load_pack(row + f + gc, 0);
+      const Pack<T, V> dy = load_pack(grad + gr * f + gc, 0);
+      Pack<uint8_t, V> qg, qu, qa;
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      // The geglu backward kernel's values, rounded to T where it stores them.
-      const GegluGrads e = geglu_grads<T>(to_float(g.v[k]), to_float(u.v[k]), to_float(dy.v[k]));
-      const float dg = round_to<T>(e.d_gate), du = round_to<T>(e.d_up), act = round_to<T>(e.act);
-      m = fmaxf(m, fmaxf(fabsf(dg), fabsf(du)));
-      qg.v[k] = cast_fp8<F>(__fmul_rn(dg, scale));
-      qu.v[k] = cast_fp8<F>(__fmul_rn(du, scale));
-      qa.v[k] = cast_fp8<Fp8Format::kE4m3>(__fmul_rn(act, act_scale));
-    }
-    if (out != nullptr) {
-      *reinterpret_cast<Pack<uint8_t, V>*>(out + gr * p.out_ld + gc) = qg;
-      *reinterpret_cast<Pack<uint8_t, V>*>(out + gr * p.out_ld + f + gc) = qu;
-    }
-    if (out_t != nullptr) {
-      *reinterpret_cast<Pack<uint8_t, V>*>(&tile_g[r][c]) = qg;
-      *reinterpret_cast<Pack<uint8_t, V>*>(&tile_u[r][c]) = qu;
-    }
-    if (act_t != nullptr) *reinterpret_cast<Pack<uint8_t, V>*>(&tile_a[r][c]) = qa;
-  });
-  if (out_t != nullptr || act_t != nullptr) {
-    __syncthreads();
-    const TilePart part = tile_part();
-    const int64_t gr = tile_row0() + part.r, col0 = tile_col0();
-    if (gr < p.rows && col0 + part.c < f) {
-      if (out_t != nullptr) {
-        write_transposed(tile_g, part, out_t + col0 * p.out_t_ld, p.out_t_ld, gr);
-        write_transposed(tile_u, part, out_t + (f + col0) * p.out_t_ld, p.out_t_ld, gr);
+      for (int k = 0; k < V; ++k) {
+        // The geglu backward kernel's values, rounded to T where it stores them.
+        const GegluGrads e = geglu_grads<T>(to_float(g.v[k]), to_float(u.v[k]), to_float(dy.v[k]));
+        const float dg = round_to<T>(e.d_gate), du = round_to<T>(e.d_up), act = round_to<T>(e.act);
+        m = fmaxf(m, fmaxf(fabsf(dg), fabsf(du)));
+        qg.v[k] = cast_fp8<F>(__fmul_rn(dg, scale));
+        qu.v[k] = cast_fp8<F>(__fmul_rn(du, scale));
+        qa.v[k] = cast_fp8<Fp8Format::kE4m3>(__fmul_rn(act, act_scale));
       }
-      if (act_t != nullptr) write_transposed(tile_a, part, act_t + col0 * bp.act_t_ld, bp.act_t_ld, gr);
+      if (out != nullptr) {
+        *reinterpret_cast<Pack<uint8_t, V>*>(out + gr * p.out_ld + gc) = qg;
+        *reinterpret_cast<Pack<uint8_t, V>*>(out + gr * p.out_ld + f + gc) = qu;
+      }
+      if (out_t != nullptr) {
+        *reinterpret_cast<Pack<uint8_t, V>*>(&tile_g[r][c]) = qg;
+        *reinterpret_cast<Pack<uint8_t, V>*>(&tile_u[r][c]) = qu;
+      }
+      if (act_t != nullptr) *reinterpret_cast<Pack<uint8_t, V>*>(&tile_a[r][c]) = qa;
+    });
+    if (transposes) {
+      __syncthreads();
+      const TilePart part = tile_part();
+      const int64_t gr = at.row0 + part.r, col0 = at.col0;
+      if (gr < p.rows && col0 + part.c < f) {
+        if (out_t != nullptr) {
+          write_transposed(tile_g, part, out_t + col0 * p.out_t_ld, p.out_t_ld, gr);
+          write_transposed(tile_u, part, out_t + (f + col0) * p.out_t_ld, p.out_t_ld, gr);
+        }
+        if (act_t != nullptr) write_transposed(tile_a, part, act_t + col0 * bp.act_t_ld, bp.act_t_ld, gr);
+      }
     }
   }
   record_amax(m, p.amax_out);
 }
 
+// A tile loop's launch: one block per tile up to as many as stay resident at once (each block then walks tiles
+// `gridDim.x` apart), so the scale read and the block's amax reduction and atomic happen once per resident block
+// rather than once per 64 x 64 tile (91k tiles for one backbone GeGLU backward at batch 32).
+template <auto kKernel, typename Params>
+void launch_tiles(const Params& p, int64_t tiles, cudaStream_t stream) {
+  static const int per_sm = [] {  // per kernel instance: their register counts differ
+    int blocks = 0;
+    VLATUNE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, kThreads, 0));
+    return std::max(blocks, 1);
+  }();
+  const int64_t grid = std::min<int64_t>(tiles, static_cast<int64_t>(fused_detail::sm_count()) * per_sm);
+  kKernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(p);
+}
+
 template <typename T, bool kGeglu>
 void launch_quant_typed(const Fp8QuantParams& p, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((p.rows + kTile - 1) / kTile),
-                  static_cast<unsigned>((p.cols + kTile - 1) / kTile));
+  const int64_t tiles = tile_count(p.rows, p.cols);
   if (p.format == Fp8Format::kE4m3) {
-    fp8_quant_kernel<T, Fp8Format::kE4m3, kGeglu><<<grid, kThreads, 0, stream>>>(p);
+    launch_tiles<fp8_quant_kernel<T, Fp8Format::kE4m3, kGeglu>>(p, tiles, stream);
   } else {
-    fp8_quant_kernel<T, Fp8Format::kE5m2, kGeglu><<<grid, kThreads, 0, stream>>>(p);
+    launch_tiles<fp8_quant_kernel<T, Fp8Format::kE5m2, kGeglu>>(p, tiles, stream);
   }
 }
 
 template <typename T>
 void launch_geglu_bwd_typed(const Fp8GegluBwdParams& p, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((p.grad_merged.rows + kTile - 1) / kTile),
-                  static_cast<unsigned>((p.grad_merged.cols + kTile - 1) / kTile));
+  const int64_t tiles = tile_count(p.grad_merged.rows, p.grad_merged.cols);
   if (p.grad_merged.format == Fp8Format::kE4m3) {
-    fp8_geglu_bwd_kernel<T, Fp8Format::kE4m3><<<grid, kThreads, 0, stream>>>(p);
+    launch_tiles<fp8_geglu_bwd_kernel<T, Fp8Format::kE4m3>>(p, tiles, stream);
   } else {
-    fp8_geglu_bwd_kernel<T, Fp8Format::kE5m2><<<grid, kThreads, 0, stream>>>(p);
+    launch_tiles<fp8_geglu_bwd_kernel<T, Fp8Format::kE5m2>>(p, tiles, stream);
   }
 }
 
@@ -287,7 +325,7 @@ bool aligned16(const void* ptr) {
 }  // namespace
 
 bool fp8_quantize_supported(int64_t rows, int64_t cols) {
-  return rows > 0 && cols > 0 && rows % 16 == 0 && cols % 16 == 0 && (cols + kTile - 1) / kTile <= 65535;
+  return rows > 0 && cols > 0 && rows % 16 == 0 && cols % 16 == 0;
 }
 
 void launch_fp8_amax(const Fp8AmaxParams& p, CUstream_st* stream) {
