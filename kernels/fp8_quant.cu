@@ -63,6 +63,14 @@ __device__ __forceinline__ void atomic_max_nonneg(float* address, float value) {
 
 using Tile = uint8_t[kTile][kTile + 16];  // an FP8 tile in shared memory, padded against bank conflicts
 
+// The shared-memory column of tile element (r, c): each row's 8-byte chunks are XOR-swizzled by the row's 16-row
+// group. The transposed read has the lanes of a warp read one column in four 16-row groups, and the 80-byte row
+// stride puts rows 16 apart in the same bank: unswizzled that read is a 4-way bank conflict, swizzled it hits four
+// different chunks. A stored vector (8 or 4 bytes at a multiple of its size) stays inside its chunk.
+__device__ __forceinline__ int tile_col(int r, int c) {
+  return c ^ (((r >> 4) & 3) << 3);
+}
+
 // A kTile x kTile tile of a [rows, cols] matrix: its first row and column. Tiles are numbered down the rows first,
 // so the blocks working at one time write neighbouring segments of the transposed copy's rows.
 struct TileAt {
@@ -103,7 +111,7 @@ __device__ __forceinline__ void write_transposed(const Tile& tile, TilePart part
                                                  int64_t gr) {
   Pack<uint8_t, 16> q;
 #pragma unroll
-  for (int j = 0; j < 16; ++j) q.v[j] = tile[part.r + j][part.c];
+  for (int j = 0; j < 16; ++j) q.v[j] = tile[part.r + j][tile_col(part.r + j, part.c)];
   *reinterpret_cast<Pack<uint8_t, 16>*>(out_row0 + part.c * ld + gr) = q;
 }
 
@@ -194,7 +202,7 @@ __global__ void __launch_bounds__(kThreads) fp8_quant_kernel(const Fp8QuantParam
         q.v[k] = cast_fp8<F>(__fmul_rn(f, scale));
       }
       if (out != nullptr) *reinterpret_cast<Pack<uint8_t, V>*>(out + gr * p.out_ld + gc) = q;
-      if (out_t != nullptr) *reinterpret_cast<Pack<uint8_t, V>*>(&tile[r][c]) = q;
+      if (out_t != nullptr) *reinterpret_cast<Pack<uint8_t, V>*>(&tile[r][tile_col(r, c)]) = q;
     });
     if (out_t != nullptr) {
       __syncthreads();
@@ -263,10 +271,10 @@ __global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluB
         *reinterpret_cast<Pack<uint8_t, V>*>(out + gr * p.out_ld + f + gc) = qu;
       }
       if (out_t != nullptr) {
-        *reinterpret_cast<Pack<uint8_t, V>*>(&tile_g[r][c]) = qg;
-        *reinterpret_cast<Pack<uint8_t, V>*>(&tile_u[r][c]) = qu;
+        *reinterpret_cast<Pack<uint8_t, V>*>(&tile_g[r][tile_col(r, c)]) = qg;
+        *reinterpret_cast<Pack<uint8_t, V>*>(&tile_u[r][tile_col(r, c)]) = qu;
       }
-      if (act_t != nullptr) *reinterpret_cast<Pack<uint8_t, V>*>(&tile_a[r][c]) = qa;
+      if (act_t != nullptr) *reinterpret_cast<Pack<uint8_t, V>*>(&tile_a[r][tile_col(r, c)]) = qa;
     });
     if (transposes) {
       __syncthreads();
