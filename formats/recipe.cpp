@@ -203,6 +203,10 @@ const char* to_string(AttentionBackend v) {
 const char* to_string(Precision v) {
   return v == Precision::kBf16 ? "bf16" : "fp32-master";
 }
+const char* to_string(SavedGegluInputs v) {
+  return v == SavedGegluInputs::kBf16 ? "bf16" : "e4m3-blocks";
+}
+
 const char* to_string(Fp8Scaling v) {
   return v == Fp8Scaling::kTensorwise ? "tensorwise" : "delayed";
 }
@@ -228,10 +232,11 @@ bool operator==(const Recipe& a, const Recipe& b) {
     return std::tie(r.schema, r.model, r.batch.micro_batch, r.batch.grad_accum, r.data.num_images, r.data.trim_text,
                     r.data.trim_multiple, r.model_options.skip_dead, r.model_options.attention,
                     r.model_options.attention_backend, r.model_options.precision, r.model_options.cuda_graph_step,
-                    r.recompute.modules, r.fp8.scaling, r.fp8.modules, r.freeze.presets, r.freeze.modules,
-                    r.lora.preset, r.optimizer.state_dtype, r.distributed.world_size, r.distributed.reduce_dtype,
-                    r.distributed.shard_optimizer_state, r.tuned_on.gpu, r.tuned_on.torch, r.tuned_on.profile,
-                    r.predicted.step_ms, r.predicted.peak_gib, r.predicted.samples_per_s, r.rationale);
+                    r.recompute.modules, r.fp8.scaling, r.fp8.modules, r.fp8.saved_geglu_inputs, r.freeze.presets,
+                    r.freeze.modules, r.lora.preset, r.optimizer.state_dtype, r.distributed.world_size,
+                    r.distributed.reduce_dtype, r.distributed.shard_optimizer_state, r.tuned_on.gpu, r.tuned_on.torch,
+                    r.tuned_on.profile, r.predicted.step_ms, r.predicted.peak_gib, r.predicted.samples_per_s,
+                    r.rationale);
   };
   if (key(a) != key(b) || a.groups.size() != b.groups.size() || a.lora.targets.size() != b.lora.targets.size())
     return false;
@@ -269,11 +274,14 @@ Recipe parse_recipe(const nlohmann::json& j, const std::string& file) {
     if (auto m = v->find("modules")) r.recompute.modules = parse_patterns(*m);
   }
   if (auto v = root.find("fp8")) {
-    v->expect_object({"scaling", "modules"});
+    v->expect_object({"scaling", "modules", "saved_geglu_inputs"});
     if (auto s = v->find("scaling"))
       r.fp8.scaling =
           s->get_enum({"tensorwise", "delayed"}) == "delayed" ? Fp8Scaling::kDelayed : Fp8Scaling::kTensorwise;
     if (auto m = v->find("modules")) r.fp8.modules = parse_patterns(*m);
+    if (auto g = v->find("saved_geglu_inputs"))
+      r.fp8.saved_geglu_inputs = g->get_enum({"bf16", "e4m3-blocks"}) == "e4m3-blocks" ? SavedGegluInputs::kE4m3Blocks
+                                                                                       : SavedGegluInputs::kBf16;
   }
   if (auto v = root.find("freeze")) parse_freeze(*v, r.freeze);
   if (auto v = root.find("lora")) parse_lora(*v, r.lora);
@@ -359,6 +367,8 @@ nlohmann::json recipe_to_json(const Recipe& r) {
   if (r.optimizer.state_dtype != StateDtype::kAuto)
     out["optimizer"] = {{"state_dtype", to_string(r.optimizer.state_dtype)}};
   if (r.distributed.shard_optimizer_state) out["distributed"]["shard_optimizer_state"] = true;
+  if (r.fp8.saved_geglu_inputs != SavedGegluInputs::kBf16)
+    out["fp8"]["saved_geglu_inputs"] = to_string(r.fp8.saved_geglu_inputs);
   if (!is_default(r.freeze)) out["freeze"] = freeze_json(r.freeze);
   if (!is_default(r.lora)) out["lora"] = lora_json(r.lora);
   return out;
@@ -468,6 +478,8 @@ std::vector<std::string> recipe_differences(const Recipe& a, const Recipe& b) {
   jb["model_options"]["cuda_graph"] = b.model_options.cuda_graph_step ? "step" : "off";
   ja["distributed"]["shard_optimizer_state"] = a.distributed.shard_optimizer_state;  // written only when true
   jb["distributed"]["shard_optimizer_state"] = b.distributed.shard_optimizer_state;
+  ja["fp8"]["saved_geglu_inputs"] = to_string(a.fp8.saved_geglu_inputs);  // written only when not bf16
+  jb["fp8"]["saved_geglu_inputs"] = to_string(b.fp8.saved_geglu_inputs);
   // freeze and lora are written only when set; compare their full forms when either side has one.
   const Recipe ca = canonical_selection(a), cb = canonical_selection(b);
   if (ja.contains("freeze") || jb.contains("freeze")) {

@@ -32,7 +32,11 @@ enum class Precision { kBf16, kFp32Master };                   // "bf16" | "fp32
 // Both are one scale per tensor. "tensorwise": current scaling (the amax of the tensor being cast);
 // "delayed": the amax history of the previous casts of that tensor (one pass; the first cast is current).
 enum class Fp8Scaling { kTensorwise, kDelayed };  // "tensorwise" | "delayed"
-enum class ReduceDtype { kBf16, kFp32 };          // "bf16" | "fp32"
+// How an FP8 down projection keeps its GeGLU input (the gate+up GEMM's output) for the backward: "bf16" as computed,
+// or "e4m3-blocks": e4m3 with one scale per 64 consecutive elements of a row, half the bytes (the GeGLU gradient
+// then reads the dequantized values, as DeepSeek-V3 caches its SwiGLU inputs). The forward is unchanged.
+enum class SavedGegluInputs { kBf16, kE4m3Blocks };  // "bf16" | "e4m3-blocks"
+enum class ReduceDtype { kBf16, kFp32 };             // "bf16" | "fp32"
 // How AdamW's moments are stored: "auto" = the dtype `precision` gives; "int8-blockwise" = 8-bit codes with an
 // fp32 absmax per 256 values (kernels/adamw.h).
 enum class StateDtype { kAuto, kInt8Blockwise };  // "auto" | "int8-blockwise"
@@ -51,6 +55,7 @@ const char* to_string(Attention v);
 const char* to_string(AttentionBackend v);
 const char* to_string(Precision v);
 const char* to_string(Fp8Scaling v);
+const char* to_string(SavedGegluInputs v);
 const char* to_string(ReduceDtype v);
 const char* to_string(StateDtype v);
 const char* to_string(FreezePreset v);
@@ -91,7 +96,8 @@ struct Recipe {
   };
   struct Fp8 {
     Fp8Scaling scaling = Fp8Scaling::kTensorwise;
-    std::vector<std::string> modules;  // FQN patterns of Linear modules
+    std::vector<std::string> modules;                               // FQN patterns of Linear modules
+    SavedGegluInputs saved_geglu_inputs = SavedGegluInputs::kBf16;  // written to JSON only when not bf16
   };
   // Parameters of these modules get no gradient and no optimizer state (the union of the presets and the patterns).
   struct Freeze {

@@ -51,7 +51,18 @@ struct Fp8QuantParams {
   float* amax_out = nullptr;       // or null
   float* inv_scale_out = nullptr;  // or null
   float* amax_used_out = nullptr;  // or null
+  // launch_fp8_geglu_quantize only: merged itself in e4m3 blocks (below), written in the same pass; or null.
+  void* blocks_out = nullptr;
+  float* blocks_inv_scale_out = nullptr;
 };
+
+// The GeGLU input kept for the backward in e4m3 blocks (recipe fp8.saved_geglu_inputs "e4m3-blocks"): merged
+// [rows, 2F] as e4m3 [rows, 2F] (contiguous) and one fp32 dequantization scale per kGegluBlock consecutive
+// elements of a row, [rows, 2F / kGegluBlock]. A block's scale = 448 / max |block| (1 when that is 0 or not
+// finite), its cast as the tensorwise one (x * scale, round to nearest even, saturating); the value read back is
+// fp32(q) * (1 / scale) rounded to merged's dtype. F must be a multiple of kGegluBlock: a block is one cast tile's
+// row.
+constexpr int kGegluBlock = 64;
 
 bool fp8_quantize_supported(int64_t rows, int64_t cols);
 void launch_fp8_amax(const Fp8AmaxParams& p, CUstream_st* stream);
@@ -71,8 +82,11 @@ void launch_fp8_geglu_quantize(const Fp8QuantParams& p, CUstream_st* stream);
 //   act^T = geglu(merged)^T cast to e4m3 with scale = 448 / act_amax_in[0] into act_t [F, rows] (row stride
 //     act_t_ld bytes) and act_inv_scale_out[0] = 1 / scale: the down projection's saved input, recomputed.
 // No output set in grad_merged (out, out_t) and act_t null: only grad_merged's amax (current scaling's first pass).
+// With merged_blocks set, merged is read from its e4m3 blocks (grad_merged.x unused; may be null).
 struct Fp8GegluBwdParams {
   Fp8QuantParams grad_merged;
+  const void* merged_blocks = nullptr;             // e4m3 [rows, 2F], or null
+  const float* merged_blocks_inv_scale = nullptr;  // [rows, 2F / kGegluBlock]
   const void* grad = nullptr;
   const float* act_amax_in = nullptr;
   void* act_t = nullptr;  // or null

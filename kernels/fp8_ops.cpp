@@ -159,19 +159,80 @@ bool geglu_cast_kernel_applies(const at::Tensor& merged) {
          reinterpret_cast<uintptr_t>(merged.data_ptr()) % 16 == 0;
 }
 
+// Blocks of a merged [rows, 2F] on `device`.
+void check_blocks(const GegluBlocks& b, int64_t rows, int64_t f, const c10::Device& device, const char* op) {
+  if (!geglu_blocks_supported(f))
+    throw std::invalid_argument(std::string(op) + ": e4m3 blocks need F a multiple of " + std::to_string(kGegluBlock) +
+                                ", got F " + std::to_string(f));
+  if (!b.data.defined() || b.data.dim() != 2 || b.data.size(0) != rows || b.data.size(1) != 2 * f ||
+      !b.data.is_contiguous() || b.data.scalar_type() != at::kFloat8_e4m3fn || b.data.device() != device)
+    fail("blocks.data must be a contiguous [" + std::to_string(rows) + ", " + std::to_string(2 * f) +
+             "] Float8_e4m3fn tensor on " + device.str(),
+         b.data);
+  if (!b.inv_scale.defined() || b.inv_scale.dim() != 2 || b.inv_scale.size(0) != rows ||
+      b.inv_scale.size(1) != 2 * f / kGegluBlock || !b.inv_scale.is_contiguous() ||
+      b.inv_scale.scalar_type() != at::kFloat || b.inv_scale.device() != device)
+    fail("blocks.inv_scale must be a contiguous [" + std::to_string(rows) + ", " + std::to_string(2 * f / kGegluBlock) +
+             "] fp32 tensor on " + device.str(),
+         b.inv_scale);
+}
+
 }  // namespace
 
+bool geglu_blocks_supported(int64_t f) {
+  return f > 0 && f % kGegluBlock == 0;
+}
+
+GegluBlocks geglu_blocks_like(const at::Tensor& merged) {
+  GegluBlocks b;
+  b.data = at::empty({merged.size(0), merged.size(1)}, merged.options().dtype(at::kFloat8_e4m3fn));
+  b.inv_scale = at::empty({merged.size(0), merged.size(1) / kGegluBlock}, merged.options().dtype(at::kFloat));
+  return b;
+}
+
+void geglu_blocks_quantize_ref(const at::Tensor& merged, const GegluBlocks& out) {
+  const char* op = "geglu_blocks_quantize";
+  check_merged(merged, op);
+  const int64_t rows = merged.size(0), n = merged.size(1), nb = n / kGegluBlock;
+  check_blocks(out, rows, n / 2, merged.device(), op);
+  // fp32 arithmetic, as the kernel: scale = 448 / amax (1 for 0 or non-finite), inv = 1 / scale.
+  const float fmax = fp8_max_value(Fp8Format::kE4m3);
+  const at::Tensor x = merged.to(at::kFloat).reshape({rows, nb, kGegluBlock});
+  const at::Tensor amax = x.abs().amax(-1, /*keepdim=*/true);
+  const at::Tensor ok = at::logical_and(amax > 0, at::isfinite(amax));
+  const at::Tensor scale = at::where(ok, at::full({}, fmax, amax.options()) / amax, at::ones_like(amax));
+  out.data.copy_((x * scale).clamp(-fmax, fmax).to(at::kFloat8_e4m3fn).reshape({rows, n}));
+  out.inv_scale.copy_((at::full({}, 1.0f, scale.options()) / scale).reshape({rows, nb}));
+}
+
+at::Tensor geglu_blocks_dequantize(const GegluBlocks& b, at::ScalarType dtype) {
+  const int64_t rows = b.data.size(0), n = b.data.size(1), nb = n / kGegluBlock;
+  check_blocks(b, rows, n / 2, b.data.device(), "geglu_blocks_dequantize");
+  return (b.data.to(at::kFloat).reshape({rows, nb, kGegluBlock}) * b.inv_scale.reshape({rows, nb, 1}))
+      .reshape({rows, n})
+      .to(dtype);
+}
+
 void fp8_geglu_quantize_into(const at::Tensor& merged, const at::Tensor& amax_in, int64_t amax_skip,
-                             const Fp8QuantOutputs& o) {
-  check_merged(merged, "fp8_geglu_quantize");
-  if (!geglu_cast_kernel_applies(merged))
-    return fp8_quantize_into_ref(geglu(merged), Fp8Format::kE4m3, amax_in, amax_skip, o);
+                             const Fp8QuantOutputs& o, const GegluBlocks& blocks) {
+  const char* op = "fp8_geglu_quantize";
+  check_merged(merged, op);
   const int64_t f = merged.size(1) / 2;
+  if (blocks.defined()) check_blocks(blocks, merged.size(0), f, merged.device(), op);
+  if (!geglu_cast_kernel_applies(merged) || (blocks.defined() && !aligned16(blocks.data))) {
+    fp8_quantize_into_ref(geglu(merged), Fp8Format::kE4m3, amax_in, amax_skip, o);
+    if (blocks.defined()) geglu_blocks_quantize_ref(merged, blocks);
+    return;
+  }
   check_cast_outputs(merged.size(0), f, merged, Fp8Format::kE4m3, amax_in, o);
 #ifdef VLATUNE_HAVE_CUDA
   const c10::cuda::CUDAGuard guard(merged.device());
   Fp8QuantParams p = input_params(merged, Fp8Format::kE4m3, f);
   fill_history_and_outputs(p, amax_in, amax_skip, o);
+  if (blocks.defined()) {
+    p.blocks_out = blocks.data.data_ptr();
+    p.blocks_inv_scale_out = blocks.inv_scale.data_ptr<float>();
+  }
   launch_fp8_geglu_quantize(p, stream_of(merged));
 #endif
 }
@@ -199,10 +260,42 @@ void check_grad(const at::Tensor& grad, const at::Tensor& merged, const char* op
                                 describe(merged) + "), got " + describe(grad));
 }
 
+// The GeGLU input of a backward cast: merged, or its e4m3 blocks with `merged` undefined. Checks either against
+// grad and returns merged's [rows, 2F] values for the reference path when `values` (dequantized from the blocks).
+at::Tensor backward_input(const at::Tensor& grad, const at::Tensor& merged, const GegluBlocks& blocks, const char* op,
+                          bool values) {
+  if (!blocks.defined()) {
+    check_grad(grad, merged, op);
+    return merged;
+  }
+  if (merged.defined()) throw std::invalid_argument(std::string(op) + ": merged or its e4m3 blocks, not both");
+  if (!grad.defined() || grad.dim() != 2 || !grad.is_contiguous() || !at::isFloatingType(grad.scalar_type()) ||
+      grad.size(0) % 16 != 0 || grad.size(1) % 16 != 0)
+    throw std::invalid_argument(std::string(op) +
+                                ": grad must be a contiguous floating [rows, F] tensor with rows "
+                                "and F multiples of 16, got " +
+                                describe(grad));
+  check_blocks(blocks, grad.size(0), grad.size(1), grad.device(), op);
+  return values ? geglu_blocks_dequantize(blocks, grad.scalar_type()) : at::Tensor();
+}
+
+bool backward_kernel_applies(const at::Tensor& grad, const at::Tensor& merged, const GegluBlocks& blocks) {
+  if (blocks.defined()) return geglu_cast_kernel_applies(grad) && aligned16(blocks.data);
+  return geglu_cast_kernel_applies(merged) && geglu_cast_kernel_applies(grad);
+}
+
 #ifdef VLATUNE_HAVE_CUDA
-Fp8GegluBwdParams geglu_bwd_params(const at::Tensor& grad, const at::Tensor& merged, Fp8Format format) {
+Fp8GegluBwdParams geglu_bwd_params(const at::Tensor& grad, const at::Tensor& merged, const GegluBlocks& blocks,
+                                   Fp8Format format) {
   Fp8GegluBwdParams p;
-  p.grad_merged = input_params(merged, format, merged.size(1) / 2);
+  if (blocks.defined()) {
+    p.grad_merged = input_params(grad, format, grad.size(1));
+    p.grad_merged.x = nullptr;  // merged comes from its blocks
+    p.merged_blocks = blocks.data.const_data_ptr();
+    p.merged_blocks_inv_scale = blocks.inv_scale.const_data_ptr<float>();
+  } else {
+    p.grad_merged = input_params(merged, format, merged.size(1) / 2);
+  }
   p.grad = grad.const_data_ptr();
   return p;
 }
@@ -210,24 +303,25 @@ Fp8GegluBwdParams geglu_bwd_params(const at::Tensor& grad, const at::Tensor& mer
 
 }  // namespace
 
-void fp8_geglu_backward_quantize_into(const at::Tensor& grad, const at::Tensor& merged, Fp8Format format,
+void fp8_geglu_backward_quantize_into(const at::Tensor& grad, const at::Tensor& merged_in, Fp8Format format,
                                       const at::Tensor& amax_in, int64_t amax_skip, const at::Tensor& act_amax,
-                                      const Fp8GegluGradOutputs& o) {
+                                      const Fp8GegluGradOutputs& o, const GegluBlocks& blocks) {
   const char* op = "fp8_geglu_backward_quantize";
-  check_grad(grad, merged, op);
-  const int64_t rows = merged.size(0), f = merged.size(1) / 2;
-  check_cast_outputs(rows, 2 * f, merged, format, amax_in, o.grad_merged);
+  const bool kernel = backward_kernel_applies(grad, merged_in, blocks);
+  const at::Tensor merged = backward_input(grad, merged_in, blocks, op, !kernel);
+  const int64_t rows = grad.size(0), f = grad.size(1);
+  check_cast_outputs(rows, 2 * f, grad, format, amax_in, o.grad_merged);
   if (o.act_t.defined() &&
       (o.act_t.dim() != 2 || o.act_t.size(0) != f || o.act_t.size(1) != rows ||
-       o.act_t.scalar_type() != at::kFloat8_e4m3fn || o.act_t.stride(1) != 1 || o.act_t.device() != merged.device()))
+       o.act_t.scalar_type() != at::kFloat8_e4m3fn || o.act_t.stride(1) != 1 || o.act_t.device() != grad.device()))
     fail("act_t must be [F, rows] Float8_e4m3fn with a contiguous last dim", o.act_t);
   if (o.act_t.defined() || o.act_inv_scale.defined()) {
     if (!act_amax.defined() || act_amax.numel() != 1 || act_amax.scalar_type() != at::kFloat ||
-        act_amax.device() != merged.device())
-      fail("act_amax must be one fp32 element on " + merged.device().str(), act_amax);
+        act_amax.device() != grad.device())
+      fail("act_amax must be one fp32 element on " + grad.device().str(), act_amax);
   }
-  check_fp32_scalar("act_inv_scale", o.act_inv_scale, merged);
-  if (!geglu_cast_kernel_applies(merged) || !geglu_cast_kernel_applies(grad)) {
+  check_fp32_scalar("act_inv_scale", o.act_inv_scale, grad);
+  if (!kernel) {
     fp8_quantize_into_ref(geglu_backward(grad, merged), format, amax_in, amax_skip, o.grad_merged);
     if (o.act_t.defined() || o.act_inv_scale.defined()) {
       Fp8QuantOutputs a;
@@ -238,28 +332,29 @@ void fp8_geglu_backward_quantize_into(const at::Tensor& grad, const at::Tensor& 
     return;
   }
 #ifdef VLATUNE_HAVE_CUDA
-  const c10::cuda::CUDAGuard guard(merged.device());
-  Fp8GegluBwdParams p = geglu_bwd_params(grad, merged, format);
+  const c10::cuda::CUDAGuard guard(grad.device());
+  Fp8GegluBwdParams p = geglu_bwd_params(grad, merged, blocks, format);
   fill_history_and_outputs(p.grad_merged, amax_in, amax_skip, o.grad_merged);
   if (o.act_t.defined()) p.act_t = o.act_t.data_ptr(), p.act_t_ld = o.act_t.stride(0);
   if (act_amax.defined()) p.act_amax_in = act_amax.const_data_ptr<float>();
   p.act_inv_scale_out = o.act_inv_scale.defined() ? o.act_inv_scale.data_ptr<float>() : nullptr;
-  launch_fp8_geglu_backward_quantize(p, stream_of(merged));
+  launch_fp8_geglu_backward_quantize(p, stream_of(grad));
 #endif
 }
 
-void fp8_geglu_backward_amax_into(const at::Tensor& grad, const at::Tensor& merged, const at::Tensor& amax) {
+void fp8_geglu_backward_amax_into(const at::Tensor& grad, const at::Tensor& merged_in, const at::Tensor& amax,
+                                  const GegluBlocks& blocks) {
   const char* op = "fp8_geglu_backward_amax";
-  check_grad(grad, merged, op);
+  const bool kernel = backward_kernel_applies(grad, merged_in, blocks);
+  const at::Tensor merged = backward_input(grad, merged_in, blocks, op, !kernel);
   if (!amax.defined()) fail("amax is required", amax);
-  check_fp32_scalar("amax", amax, merged);
-  if (!geglu_cast_kernel_applies(merged) || !geglu_cast_kernel_applies(grad))
-    return fp8_amax_into(geglu_backward(grad, merged), amax);
+  check_fp32_scalar("amax", amax, grad);
+  if (!kernel) return fp8_amax_into(geglu_backward(grad, merged), amax);
 #ifdef VLATUNE_HAVE_CUDA
-  const c10::cuda::CUDAGuard guard(merged.device());
-  Fp8GegluBwdParams p = geglu_bwd_params(grad, merged, Fp8Format::kE5m2);
+  const c10::cuda::CUDAGuard guard(grad.device());
+  Fp8GegluBwdParams p = geglu_bwd_params(grad, merged, blocks, Fp8Format::kE5m2);
   p.grad_merged.amax_out = amax.data_ptr<float>();  // no outputs: the amax pass only
-  launch_fp8_geglu_backward_quantize(p, stream_of(merged));
+  launch_fp8_geglu_backward_quantize(p, stream_of(grad));
 #endif
 }
 

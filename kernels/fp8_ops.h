@@ -31,11 +31,25 @@ void fp8_quantize_into(const at::Tensor& x, Fp8Format format, const at::Tensor& 
 void fp8_quantize_into_ref(const at::Tensor& x, Fp8Format format, const at::Tensor& amax_in, int64_t amax_skip,
                            const Fp8QuantOutputs& outputs);
 
+// merged [rows, 2F] in e4m3 blocks (fp8.h kGegluBlock; recipe fp8.saved_geglu_inputs "e4m3-blocks"): data
+// [rows, 2F] Float8_e4m3fn, inv_scale [rows, 2F / kGegluBlock] fp32.
+struct GegluBlocks {
+  at::Tensor data, inv_scale;
+  bool defined() const { return data.defined(); }
+};
+bool geglu_blocks_supported(int64_t f);                   // F a positive multiple of kGegluBlock
+GegluBlocks geglu_blocks_like(const at::Tensor& merged);  // uninitialized, for merged [rows, 2F]
+// The blocks of merged by ATen on any device: the kernels' bytes (the reference of the GPU tests).
+void geglu_blocks_quantize_ref(const at::Tensor& merged, const GegluBlocks& out);
+// The values read back: fp32(q) * inv_scale per block, rounded to `dtype` ([rows, 2F]).
+at::Tensor geglu_blocks_dequantize(const GegluBlocks& blocks, at::ScalarType dtype);
+
 // The GeGLU producer writing FP8 (fp8.h launch_fp8_geglu_quantize): act = geglu(merged) [rows, F] cast to e4m3
 // exactly as fp8_quantize_into(geglu(merged), kE4m3, amax_in, amax_skip, outputs) would, without act in memory
 // (kernel on CUDA for contiguous bf16/fp32 merged with rows and F multiples of 16; that composition elsewhere).
+// With `blocks` defined, merged itself goes to them in the same pass (geglu_blocks_quantize_ref's bytes).
 void fp8_geglu_quantize_into(const at::Tensor& merged, const at::Tensor& amax_in, int64_t amax_skip,
-                             const Fp8QuantOutputs& outputs);
+                             const Fp8QuantOutputs& outputs, const GegluBlocks& blocks = {});
 // amax[0] = max(amax[0], max |geglu(merged)|).
 void fp8_geglu_amax_into(const at::Tensor& merged, const at::Tensor& amax);
 
@@ -51,11 +65,14 @@ struct Fp8GegluGradOutputs {
   at::Tensor act_t;          // [F, rows] e4m3, last dim contiguous, or undefined
   at::Tensor act_inv_scale;  // one fp32 element, or undefined
 };
+// With `blocks` defined, merged is read from them (pass an undefined `merged`): as if merged were
+// geglu_blocks_dequantize(blocks, grad's dtype).
 void fp8_geglu_backward_quantize_into(const at::Tensor& grad, const at::Tensor& merged, Fp8Format format,
                                       const at::Tensor& amax_in, int64_t amax_skip, const at::Tensor& act_amax,
-                                      const Fp8GegluGradOutputs& outputs);
-// amax[0] = max(amax[0], max |geglu_backward(grad, merged)|).
-void fp8_geglu_backward_amax_into(const at::Tensor& grad, const at::Tensor& merged, const at::Tensor& amax);
+                                      const Fp8GegluGradOutputs& outputs, const GegluBlocks& blocks = {});
+// amax[0] = max(amax[0], max |geglu_backward(grad, merged)|) (merged from `blocks` as above).
+void fp8_geglu_backward_amax_into(const at::Tensor& grad, const at::Tensor& merged, const at::Tensor& amax,
+                                  const GegluBlocks& blocks = {});
 
 // Current scaling in one call: amax pass + cast pass. Returns the requested layouts and the dequantization scale.
 struct Fp8Tensor {

@@ -115,6 +115,41 @@ __device__ __forceinline__ void write_transposed(const Tile& tile, TilePart part
   *reinterpret_cast<Pack<uint8_t, 16>*>(out_row0 + part.c * ld + gr) = q;
 }
 
+// One kGegluBlock-element block of a merged row, held V elements per lane by the kGegluBlock / V consecutive lanes
+// of a tile row (for_each_tile_vector's layout; every lane of the warp takes part): cast to e4m3 with the block's
+// own scale into data (row stride ld elements), the block's first lane writing its dequantization scale.
+template <typename T, int V>
+__device__ __forceinline__ void write_e4m3_block(const Pack<T, V>& v, int64_t row, int64_t col, int64_t ld,
+                                                 uint8_t* data, float* inv_scale) {
+  float m = 0.f;
+#pragma unroll
+  for (int k = 0; k < V; ++k) m = fmaxf(m, fabsf(to_float(v.v[k])));
+#pragma unroll
+  for (int offset = 1; offset < kGegluBlock / V; offset <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  const float scale = (m > 0.f && isfinite(m)) ? __fdiv_rn(fp8_max_value(Fp8Format::kE4m3), m) : 1.f;
+  Pack<uint8_t, V> q;
+#pragma unroll
+  for (int k = 0; k < V; ++k) q.v[k] = cast_fp8<Fp8Format::kE4m3>(__fmul_rn(to_float(v.v[k]), scale));
+  *reinterpret_cast<Pack<uint8_t, V>*>(data + row * ld + col) = q;
+  if (col % kGegluBlock == 0) inv_scale[row * (ld / kGegluBlock) + col / kGegluBlock] = __fdiv_rn(1.f, scale);
+}
+
+// V elements of a merged row read back from its e4m3 blocks: fp32(q) * the block's inverse scale, rounded to T.
+template <typename T, int V>
+__device__ __forceinline__ Pack<T, V> read_e4m3_block(const uint8_t* data, const float* inv_scale, int64_t row,
+                                                      int64_t col, int64_t ld) {
+  const Pack<uint8_t, V> q = *reinterpret_cast<const Pack<uint8_t, V>*>(data + row * ld + col);
+  const float inv = inv_scale[row * (ld / kGegluBlock) + col / kGegluBlock];
+  Pack<T, V> v;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    __nv_fp8_e4m3 e;
+    e.__x = q.v[k];
+    v.v[k] = from_float<T>(__fmul_rn(static_cast<float>(e), inv));
+  }
+  return v;
+}
+
 // The block's max |value| into amax_out (atomic), when one is wanted.
 __device__ __forceinline__ void record_amax(float m, float* amax_out) {
   if (amax_out == nullptr) return;
@@ -189,6 +224,11 @@ __global__ void __launch_bounds__(kThreads) fp8_quant_kernel(const Fp8QuantParam
       if constexpr (kGeglu) {
         const T* row = x + gr * 2 * p.cols;
         const Pack<T, V> g = load_pack(row + gc, 0), u = load_pack(row + p.cols + gc, 0);
+        if (p.blocks_out != nullptr) {
+          uint8_t* blocks = static_cast<uint8_t*>(p.blocks_out);
+          write_e4m3_block<T, V>(g, gr, gc, 2 * p.cols, blocks, p.blocks_inv_scale_out);
+          write_e4m3_block<T, V>(u, gr, p.cols + gc, 2 * p.cols, blocks, p.blocks_inv_scale_out);
+        }
 #pragma unroll
         for (int k = 0; k < V; ++k) v.v[k] = from_float<T>(geglu_value<T>(to_float(g.v[k]), to_float(u.v[k])));
       } else {
@@ -240,6 +280,7 @@ __global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluB
   __syncthreads();
   const float scale = s_scale, act_scale = s_act_scale;
   const T* merged = static_cast<const T*>(p.x);
+  const uint8_t* blocks = static_cast<const uint8_t*>(bp.merged_blocks);
   const T* grad = static_cast<const T*>(bp.grad);
   uint8_t* out = static_cast<uint8_t*>(p.out);
   uint8_t* out_t = static_cast<uint8_t*>(p.out_t);
@@ -252,8 +293,15 @@ __global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluB
     const TileAt at = tile_at(t, p.rows);
     if (transposes && t != blockIdx.x) __syncthreads();  // the previous tile's transposed reads are done
     for_each_tile_vector<V>(at, p.rows, f, [&](int r, int c, int64_t gr, int64_t gc) {
-      const T* row = merged + gr * 2 * f;
-      const Pack<T, V> g = load_pack(row + gc, 0), u = load_pack(row + f + gc, 0);
+      Pack<T, V> g, u;
+      if (blocks != nullptr) {
+        g = read_e4m3_block<T, V>(blocks, bp.merged_blocks_inv_scale, gr, gc, 2 * f);
+        u = read_e4m3_block<T, V>(blocks, bp.merged_blocks_inv_scale, gr, f + gc, 2 * f);
+      } else {
+        const T* row = merged + gr * 2 * f;
+        g = load_pack(row + gc, 0);
+        u = load_pack(row + f + gc, 0);
+      }
       const Pack<T, V> dy = load_pack(grad + gr * f + gc, 0);
       Pack<uint8_t, V> qg, qu, qa;
 #pragma unroll
@@ -356,21 +404,33 @@ void launch_fp8_amax(const Fp8AmaxParams& p, CUstream_st* stream) {
 namespace {
 
 // The checks of launch_fp8_quantize; `what` names the launcher. With `need_amax_in` false (amax-only passes of the
-// GeGLU casts) amax_in may be null.
-void check_quant(const Fp8QuantParams& p, const char* op, bool need_amax_in) {
+// GeGLU casts) amax_in may be null; with `need_x` false (the GeGLU backward reading merged's e4m3 blocks), x.
+void check_quant(const Fp8QuantParams& p, const char* op, bool need_amax_in, bool need_x = true) {
   if (!fp8_quantize_supported(p.rows, p.cols))
     throw std::invalid_argument(std::string(op) + ": rows and cols must be positive multiples of 16, got " +
                                 std::to_string(p.rows) + " x " + std::to_string(p.cols));
-  if (p.x == nullptr || (need_amax_in && (p.amax_in == nullptr || p.amax_count < 1)) || !aligned16(p.x))
+  if ((need_x && (p.x == nullptr || !aligned16(p.x))) || (need_amax_in && (p.amax_in == nullptr || p.amax_count < 1)))
     throw std::invalid_argument(std::string(op) + ": x (16-byte aligned) and amax_in are required");
   if ((p.out != nullptr && (!aligned16(p.out) || p.out_ld % 16 != 0 || p.out_ld < p.cols)) ||
       (p.out_t != nullptr && (!aligned16(p.out_t) || p.out_t_ld % 16 != 0 || p.out_t_ld < p.rows)))
     throw std::invalid_argument(std::string(op) + ": outputs must be 16-byte aligned with 16-byte row strides");
 }
 
+// The e4m3 blocks of merged [rows, 2 * f] (written or read): aligned, F a multiple of kGegluBlock.
+void check_blocks(const void* data, const float* inv_scale, int64_t f, const char* op) {
+  if (data == nullptr) return;
+  if (inv_scale == nullptr || !aligned16(data) || f % kGegluBlock != 0)
+    throw std::invalid_argument(std::string(op) +
+                                ": e4m3 blocks need their scales, 16-byte alignment and F a multiple "
+                                "of " +
+                                std::to_string(kGegluBlock) + ", got F " + std::to_string(f));
+}
+
 template <bool kGeglu>
 void launch_quant(const Fp8QuantParams& p, CUstream_st* stream, const char* op) {
-  const bool writes = p.out != nullptr || p.out_t != nullptr;
+  if (!kGeglu && p.blocks_out != nullptr) throw std::invalid_argument(std::string(op) + ": blocks are GeGLU's");
+  check_blocks(p.blocks_out, p.blocks_inv_scale_out, p.cols, op);
+  const bool writes = p.out != nullptr || p.out_t != nullptr || p.blocks_out != nullptr;
   check_quant(p, op, !kGeglu || writes);
   if (kGeglu && !writes && p.amax_out == nullptr) throw std::invalid_argument(std::string(op) + ": nothing to write");
   NvtxRange range(op);
@@ -396,7 +456,8 @@ void launch_fp8_geglu_backward_quantize(const Fp8GegluBwdParams& p, CUstream_st*
   const char* op = "vlatune::fp8_geglu_backward_quantize";
   const Fp8QuantParams& g = p.grad_merged;
   const bool writes = g.out != nullptr || g.out_t != nullptr || p.act_t != nullptr;
-  check_quant(g, op, writes);
+  check_quant(g, op, writes, p.merged_blocks == nullptr);
+  check_blocks(p.merged_blocks, p.merged_blocks_inv_scale, g.cols, op);
   if (g.out != nullptr && g.out_ld < 2 * g.cols)
     throw std::invalid_argument(std::string(op) + ": out holds [rows, 2F]: out_ld must be >= 2F");
   if (p.grad == nullptr || !aligned16(p.grad))

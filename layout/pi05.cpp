@@ -252,6 +252,13 @@ std::vector<std::string> merged_gemm_members(const std::string& linear) {
   return {linear};
 }
 
+bool geglu_down_projection(const std::string& linear) {
+  long index = 0;
+  std::string rest;
+  bool expert = false;
+  return parse_joint(linear, index, rest, expert) && rest == "mlp.down_proj";
+}
+
 std::string fp8_form_missing(const std::string& linear) {
   if (!formats::fqn_within(linear, kVisionTower)) return "";
   const bool merged = merged_gemm_members(linear).size() > 1;

@@ -107,6 +107,8 @@ std::vector<std::string> merged_gemm_members(const std::string& linear);
 // The GEMM inventory's name of a GEMM run by `members` (Linear FQNs in output-column order): the FQN of a single
 // Linear; "parent.q_proj+k_proj+v_proj" for members of one parent module; "first+N more" for members of several.
 std::string gemm_inventory_name(const std::vector<std::string>& members);
+// True for a decoder layer's MLP down projection (either branch): the Linear whose input is geglu(gate+up).
+bool geglu_down_projection(const std::string& linear);
 // Why the trainer cannot run the Linear `linear` in FP8 whatever its shape, or "" when it can: the SigLIP q/k/v
 // (one merged GEMM) and fc2 (fused with the GELU) have no FP8 form. The model refuses them; the planner never
 // proposes them.

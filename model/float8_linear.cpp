@@ -209,16 +209,19 @@ bool geglu_casts_fuse(const Float8State& st, const at::Tensor& merged2, int64_t 
          (merged2.size(1) / 2) % 16 == 0;
 }
 
-Fp8Tensor quantize_geglu_output(const at::Tensor& merged2, int64_t mp, Float8State& st) {
+// With `blocks` defined, merged2 also goes to its e4m3 blocks (in the same pass where the casts fuse).
+Fp8Tensor quantize_geglu_output(const at::Tensor& merged2, int64_t mp, Float8State& st,
+                                const kernels::GegluBlocks& blocks) {
   const int64_t m = merged2.size(0), f = merged2.size(1) / 2;
   if (geglu_casts_fuse(st, merged2, mp)) {
     return quantize_role_with(
         m, f, merged2.options(), Fp8Format::kE4m3, st.input, st.config, true, false,
         [&](const at::Tensor& amax) { kernels::fp8_geglu_amax_into(merged2, amax); },
         [&](const at::Tensor& amax_in, int64_t skip, const Fp8QuantOutputs& o) {
-          kernels::fp8_geglu_quantize_into(merged2, amax_in, skip, o);
+          kernels::fp8_geglu_quantize_into(merged2, amax_in, skip, o, blocks);
         });
   }
+  if (blocks.defined()) kernels::geglu_blocks_quantize_ref(merged2, blocks);
   return quantize_role(pad_rows(kernels::geglu(merged2), mp), Fp8Format::kE4m3, st.input, st.config, true, false);
 }
 
@@ -240,43 +243,55 @@ CastOutput geglu_output_t(const at::Tensor& merged2, int64_t mp, const at::Tenso
 
 // The fused GeGLU backward: d merged cast to e5m2 (both layouts, the producer GEMM's grad_output scaling) and left
 // in producer.pending_grad; returns down_proj's rebuilt input (as geglu_output_t) from the same pass.
-CastOutput geglu_backward_cast(const at::Tensor& grad_act2, const at::Tensor& merged2, const at::Tensor& act_amax,
-                               Float8State& producer) {
-  const int64_t m = merged2.size(0), f = merged2.size(1) / 2;
+// merged2 or, with it undefined, its e4m3 blocks.
+CastOutput geglu_backward_cast(const at::Tensor& grad_act2, const at::Tensor& merged2,
+                               const kernels::GegluBlocks& blocks, const at::Tensor& act_amax, Float8State& producer) {
+  const int64_t m = grad_act2.size(0), f = grad_act2.size(1);
   CastOutput act;
-  act.data_t = at::empty({f, m}, merged2.options().dtype(at::kFloat8_e4m3fn));
-  act.inv_scale = at::empty({}, merged2.options().dtype(at::kFloat));
+  act.data_t = at::empty({f, m}, grad_act2.options().dtype(at::kFloat8_e4m3fn));
+  act.inv_scale = at::empty({}, grad_act2.options().dtype(at::kFloat));
   const Fp8Tensor gq = quantize_role_with(
-      m, 2 * f, merged2.options(), Fp8Format::kE5m2, producer.grad_output, producer.config, true, true,
-      [&](const at::Tensor& amax) { kernels::fp8_geglu_backward_amax_into(grad_act2, merged2, amax); },
+      m, 2 * f, grad_act2.options(), Fp8Format::kE5m2, producer.grad_output, producer.config, true, true,
+      [&](const at::Tensor& amax) { kernels::fp8_geglu_backward_amax_into(grad_act2, merged2, amax, blocks); },
       [&](const at::Tensor& amax_in, int64_t skip, const Fp8QuantOutputs& o) {
         kernels::Fp8GegluGradOutputs g;
         g.grad_merged = o;
         g.act_t = act.data_t;
         g.act_inv_scale = act.inv_scale;
-        kernels::fp8_geglu_backward_quantize_into(grad_act2, merged2, Fp8Format::kE5m2, amax_in, skip, act_amax, g);
+        kernels::fp8_geglu_backward_quantize_into(grad_act2, merged2, Fp8Format::kE5m2, amax_in, skip, act_amax, g,
+                                                  blocks);
       });
   producer.pending_grad = Fp8Gradient{gq.data, gq.data_t, gq.inv_scale};
   return act;
 }
 
 // down(geglu(merged)) with the down GEMM in FP8; saves merged (as kernels::geglu_linear; with a rebuild, what
-// rebuilds it instead) and the scale of the GeGLU output, which the backward recomputes and re-quantizes
-// (transposed) with that same scale.
+// rebuilds it instead; with config.saved_geglu_blocks, its e4m3 blocks) and the scale of the GeGLU output, which the
+// backward recomputes and re-quantizes (transposed) with that same scale.
 struct Float8GegluLinearFn : public torch::autograd::Function<Float8GegluLinearFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& merged, const at::Tensor& weight, int64_t state_ptr,
                             int64_t producer_ptr, const std::string& scope_fqn,
                             const c10::intrusive_ptr<kernels::RebuildHolder>& rebuild, at::TensorList rebuild_saved) {
     Float8State& st = *reinterpret_cast<Float8State*>(state_ptr);
     const int64_t f = merged.size(-1) / 2, m = merged.numel() / (2 * f), mp = padded(m);
-    const Fp8Tensor aq = quantize_geglu_output(merged.reshape({m, 2 * f}), mp, st);
+    const at::Tensor merged2 = merged.reshape({m, 2 * f});
+    kernels::GegluBlocks blocks;
+    if (!rebuild && st.config.saved_geglu_blocks && kernels::geglu_blocks_supported(f) && m == mp &&
+        merged2.is_contiguous())
+      blocks = kernels::geglu_blocks_like(merged2);
+    const Fp8Tensor aq = quantize_geglu_output(merged2, mp, st, blocks);
     at::Tensor y;
     {
       std::optional<profiler::Scope> scope;
       if (!scope_fqn.empty()) scope.emplace(scope_fqn);
       const QuantWeights wq = quantize_weights({weight}, at::Tensor(), true, false);
       y = kernels::fp8_mm(aq.data, wq.data.t(), aq.inv_scale, wq.inv_scale, merged.scalar_type(), true);
-      std::vector<at::Tensor> keep{rebuild ? at::Tensor() : merged, weight, wq.amax, aq.amax_used};
+      std::vector<at::Tensor> keep{rebuild || blocks.defined() ? at::Tensor() : merged,
+                                   weight,
+                                   wq.amax,
+                                   aq.amax_used,
+                                   blocks.data,
+                                   blocks.inv_scale};
       keep.insert(keep.end(), rebuild_saved.begin(), rebuild_saved.end());
       ctx->save_for_backward(keep);
       kernels::remember_rebuild(ctx, rebuild);
@@ -286,6 +301,7 @@ struct Float8GegluLinearFn : public torch::autograd::Function<Float8GegluLinearF
     shape.back() = y.size(1);
     ctx->saved_data["state"] = state_ptr;
     ctx->saved_data["producer"] = producer_ptr;
+    ctx->saved_data["merged_sizes"] = merged.sizes().vec();
     if (producer_ptr != 0) reinterpret_cast<Float8State*>(producer_ptr)->pending_grad.reset();  // a stale one
     return y.reshape(shape);
   }
@@ -295,13 +311,29 @@ struct Float8GegluLinearFn : public torch::autograd::Function<Float8GegluLinearF
     auto* producer = reinterpret_cast<Float8State*>(ctx->saved_data["producer"].toInt());
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &weight = saved[1], &w_amax = saved[2], &act_amax = saved[3];
+    const kernels::GegluBlocks blocks{saved[4], saved[5]};
     // Inputs: merged, weight, state_ptr, producer_ptr, scope_fqn, rebuild, rebuild_saved...
-    variable_list result(6 + (saved.size() - 4));
+    variable_list result(6 + (saved.size() - 6));
     if (!grads[0].defined()) return result;
-    const at::Tensor merged = kernels::kept_or_rebuilt(ctx, saved, 4);
+    const std::vector<int64_t> merged_sizes = ctx->saved_data["merged_sizes"].toIntVector();
     const int64_t n = weight.size(0), f = weight.size(1), m = grads[0].numel() / n, mp = padded(m);
     const Fp8Tensor gq =
         quantize_role(pad_rows(grads[0].reshape({m, n}), mp), Fp8Format::kE5m2, st.grad_output, st.config, true, true);
+    if (blocks.defined() && producer != nullptr && producer->config.fused_geglu_casts) {
+      // As below, with merged read from its e4m3 blocks in the same pass.
+      const QuantWeights wt = quantize_weights({weight}, w_amax, false, true);
+      const at::Tensor grad_act =
+          kernels::fp8_mm(gq.data, wt.data_t.t(), gq.inv_scale, wt.inv_scale, grads[0].scalar_type(), false);
+      const CastOutput act = geglu_backward_cast(grad_act, at::Tensor(), blocks, act_amax, *producer);
+      if (ctx->needs_input_grad(1))
+        result[1] = kernels::fp8_mm(gq.data_t, act.data_t.t(), gq.inv_scale, act.inv_scale, grad_dtype(weight), false)
+                        .to(weight.scalar_type());
+      result[0] = at::zeros({}, grads[0].options()).expand(merged_sizes);
+      return result;
+    }
+    const at::Tensor merged =
+        blocks.defined() ? kernels::geglu_blocks_dequantize(blocks, grads[0].scalar_type()).reshape(merged_sizes)
+                         : kernels::kept_or_rebuilt(ctx, saved, 6);
     const at::Tensor merged2 = merged.reshape({m, 2 * f});
     if (producer != nullptr && geglu_casts_fuse(*producer, merged2, mp)) {
       // One pass from merged and d act: d merged in e5m2 for the gate+up GEMM (left in its pending_grad, both
@@ -309,7 +341,7 @@ struct Float8GegluLinearFn : public torch::autograd::Function<Float8GegluLinearF
       const QuantWeights wt = quantize_weights({weight}, w_amax, false, true);
       const at::Tensor grad_act =
           kernels::fp8_mm(gq.data, wt.data_t.t(), gq.inv_scale, wt.inv_scale, merged.scalar_type(), false);
-      const CastOutput act = geglu_backward_cast(grad_act, merged2, act_amax, *producer);
+      const CastOutput act = geglu_backward_cast(grad_act, merged2, {}, act_amax, *producer);
       if (ctx->needs_input_grad(1))  // a frozen down_proj gets no weight gradient
         result[1] = kernels::fp8_mm(gq.data_t, act.data_t.t(), gq.inv_scale, act.inv_scale, grad_dtype(weight), false)
                         .to(weight.scalar_type());

@@ -35,6 +35,10 @@ struct Fp8Config {
   // the backward d merged for the gate+up GEMM plus down_proj's rebuilt input, with no bf16 copy in between. The
   // bytes equal the unfused sequence's (tested); off: that sequence.
   bool fused_geglu_casts = true;
+  // A GeGLU down projection keeps its input (the gate+up output) for the backward in e4m3 blocks
+  // (kernels::GegluBlocks: half the bytes; recipe fp8.saved_geglu_inputs "e4m3-blocks") instead of bf16, where F
+  // is a multiple of 64 and the rows of 16 (else bf16). Its GeGLU gradient reads the dequantized values.
+  bool saved_geglu_blocks = false;
 };
 
 // Amax history of one quantized tensor role (delayed scaling), on the device of the tensors it scales.

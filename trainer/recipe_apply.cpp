@@ -185,11 +185,17 @@ AppliedRecipe apply_recipe(const formats::Recipe& recipe, const std::string& fil
     model::Fp8Config config;
     config.scaling = effective.fp8.scaling == formats::Fp8Scaling::kDelayed ? model::Fp8Scaling::kDelayed
                                                                             : model::Fp8Scaling::kCurrent;
+    config.saved_geglu_blocks = effective.fp8.saved_geglu_inputs == formats::SavedGegluInputs::kE4m3Blocks;
     try {
       model.set_fp8(fqns, config);
     } catch (const std::invalid_argument& e) {
       throw formats::FormatError(file, "$.fp8.modules", e.what());
     }
+    if (config.saved_geglu_blocks &&
+        std::none_of(fqns.begin(), fqns.end(), [](const std::string& f) { return layout::geglu_down_projection(f); }))
+      throw formats::FormatError(file, "$.fp8.saved_geglu_inputs",
+                                 "\"e4m3-blocks\" keeps the input of an FP8 GeGLU down projection (a decoder "
+                                 "layer's mlp.down_proj), and $.fp8.modules selects none");
     out.fp8 = model.fp8_selection();
     out.fp8_delayed = !out.fp8.empty() && config.scaling == model::Fp8Scaling::kDelayed;
   }

@@ -316,6 +316,25 @@ TEST_CASE("optimizer.state_dtype is written only when not auto, changes the hash
   CHECK(error_of(R"({"optimizer": {"state": "int8-blockwise"}})").json_path() == "$.optimizer.state");
 }
 
+TEST_CASE("fp8.saved_geglu_inputs is written only when not bf16, changes the hash and rejects unknown storages",
+          "[formats][recipe]") {
+  const Recipe blocks = parse_recipe(json::parse(R"({"fp8": {"saved_geglu_inputs": "e4m3-blocks"}})"), "r.json");
+  CHECK(blocks.fp8.saved_geglu_inputs == SavedGegluInputs::kE4m3Blocks);
+  CHECK(recipe_to_json(blocks)["fp8"]["saved_geglu_inputs"] == "e4m3-blocks");
+  CHECK(parse_recipe(recipe_to_json(blocks), "r.json") == blocks);
+  CHECK(recipe_hash(blocks) != recipe_hash(Recipe{}));
+  CHECK(recipe_differences(Recipe{}, blocks) ==
+        std::vector<std::string>{"fp8.saved_geglu_inputs: \"bf16\" vs \"e4m3-blocks\""});
+
+  const Recipe bf16 = parse_recipe(json::parse(R"({"fp8": {"saved_geglu_inputs": "bf16"}})"), "r.json");
+  CHECK(bf16 == Recipe{});
+  CHECK_FALSE(recipe_to_json(bf16)["fp8"].contains("saved_geglu_inputs"));
+  CHECK(recipe_hash(bf16) == recipe_hash(Recipe{}));
+  CHECK_THAT(error_of(R"({"fp8": {"saved_geglu_inputs": "e4m3"}})").what(),
+             Catch::Equals("recipe.json: $.fp8.saved_geglu_inputs: expected one of \"bf16\", \"e4m3-blocks\", got "
+                           "string \"e4m3\""));
+}
+
 TEST_CASE("distributed.shard_optimizer_state is written only when true, changes the hash and is named as a difference",
           "[formats][recipe]") {
   const Recipe sharded =

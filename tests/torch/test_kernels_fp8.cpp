@@ -462,3 +462,108 @@ TEST_CASE("The CUDA FP8 GeGLU casts equal the geglu kernels then the cast kernel
     }
   }
 }
+
+TEST_CASE("GeGLU inputs in e4m3 blocks: one scale per 64 elements of a row, read back within e4m3's rounding",
+          "[fp8]") {
+  const int64_t rows = 16, f = 64;
+  auto merged = torch::randn({rows, 2 * f});
+  merged.select(1, 0).mul_(1e-3);                 // tiny beside their blocks: subnormal or zero in e4m3
+  merged.narrow(1, f, 64).mul_(100);              // the up half's first block: large values
+  merged.narrow(1, 64, 64).select(0, 3).zero_();  // row 3's second block: all zero
+  merged[5][70] = 1e6;                            // an outlier confined to its block
+  const k::GegluBlocks b = k::geglu_blocks_like(merged);
+  k::geglu_blocks_quantize_ref(merged, b);
+  REQUIRE(b.data.sizes() == torch::IntArrayRef({rows, 2 * f}));
+  REQUIRE(b.inv_scale.sizes() == torch::IntArrayRef({rows, 2 * f / k::kGegluBlock}));
+  const auto blocks = merged.reshape({rows, 2 * f / k::kGegluBlock, k::kGegluBlock});
+  const auto amax = blocks.abs().amax(-1);
+  const auto q = b.data.to(torch::kFloat32).reshape(blocks.sizes());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < 2 * f / k::kGegluBlock; ++j) {
+      INFO("row " << r << " block " << j);
+      const float a = amax[r][j].item<float>(), inv = b.inv_scale[r][j].item<float>();
+      if (a == 0) {
+        CHECK(inv == 1.0f);  // an all-zero block keeps scale 1
+        CHECK(q[r][j].abs().max().item<float>() == 0.0f);
+        continue;
+      }
+      CHECK(inv == 1.0f / (448.0f / a));                   // the block's own scale, fp32
+      CHECK(q[r][j].abs().max().item<float>() == 448.0f);  // its largest element maps to e4m3's largest
+    }
+  const auto back = k::geglu_blocks_dequantize(b, torch::kFloat32);
+  // e4m3 keeps 3 mantissa bits: each value comes back within 2^-4 of itself, relative (normals) or within the
+  // block's smallest normal step (subnormals).
+  const auto err = (back - merged).abs();
+  const auto bound =
+      merged.abs() * (1.0 / 16 * (1 + 1e-6)) + amax.repeat_interleave(k::kGegluBlock, 1) * std::ldexp(1.0, -9) / 448;
+  CHECK(err.le(bound + 1e-30).all().item<bool>());
+  CHECK(back[5][70].item<float>() == Approx(1e6).epsilon(1e-6));  // the block's maximum maps to 448
+  CHECK(k::geglu_blocks_dequantize(b, torch::kBFloat16).scalar_type() == torch::kBFloat16);
+
+  CHECK_THROWS_WITH(
+      k::geglu_blocks_quantize_ref(torch::randn({rows, 96}), k::geglu_blocks_like(torch::randn({rows, 96}))),
+      Catch::Contains("multiple of 64"));
+  k::GegluBlocks wrong = k::geglu_blocks_like(merged);
+  wrong.inv_scale = torch::empty({rows, 1});
+  CHECK_THROWS_WITH(k::geglu_blocks_quantize_ref(merged, wrong), Catch::Contains("blocks.inv_scale must be"));
+}
+
+TEST_CASE("The FP8 GeGLU casts with merged in e4m3 blocks equal the casts of the values read back (CPU)", "[fp8]") {
+  torch::manual_seed(5);
+  const int64_t rows = 32, f = 128;
+  auto merged = torch::randn({rows, 2 * f}) * 3, grad = torch::randn({rows, f});
+  auto hist = f32({2.0f, 1e9f, 0.5f});
+  auto act_amax = f32({2.0f});
+  const k::GegluBlocks b = k::geglu_blocks_like(merged);
+  GegluCast with = geglu_cast_outputs(rows, f, k::Fp8Format::kE5m2, merged.options());
+  k::fp8_geglu_quantize_into(merged, hist, 1, with.fwd, b);
+  k::fp8_geglu_backward_quantize_into(grad, torch::Tensor(), k::Fp8Format::kE5m2, hist, 1, act_amax, with.bwd, b);
+  const k::GegluBlocks ref = k::geglu_blocks_like(merged);
+  k::geglu_blocks_quantize_ref(merged, ref);
+  check_same_bytes(b.data, ref.data);
+  CHECK(torch::equal(b.inv_scale, ref.inv_scale));
+  // The forward cast reads merged itself; the backward the values read back from the blocks.
+  const GegluCast fwd = geglu_cast_fused(merged, grad, k::Fp8Format::kE5m2, hist, 1, act_amax);
+  check_same_bytes(with.fwd.out, fwd.fwd.out);
+  const auto back = k::geglu_blocks_dequantize(b, merged.scalar_type());
+  const GegluCast bwd = geglu_cast_fused(back, grad, k::Fp8Format::kE5m2, hist, 1, act_amax);
+  check_same_bytes(with.bwd.grad_merged.out, bwd.bwd.grad_merged.out);
+  check_same_bytes(with.bwd.grad_merged.out_t, bwd.bwd.grad_merged.out_t);
+  check_same_bytes(with.bwd.act_t, bwd.bwd.act_t);
+  CHECK_FALSE(torch::equal(back, merged));  // the blocks do round
+  auto amax = torch::zeros({1}), amax_ref = torch::zeros({1});
+  k::fp8_geglu_backward_amax_into(grad, torch::Tensor(), amax, b);
+  k::fp8_amax_into(k::geglu_backward(grad, back), amax_ref);
+  CHECK(amax.item<float>() == amax_ref.item<float>());
+  CHECK_THROWS_WITH(k::fp8_geglu_backward_amax_into(grad, merged, amax, b), Catch::Contains("not both"));
+}
+
+TEST_CASE("The CUDA FP8 GeGLU casts write and read e4m3 blocks as the reference does, byte for byte", "[.gpu][fp8]") {
+  REQUIRE(torch::cuda::is_available());
+  torch::manual_seed(31);
+  const auto dtype = GENERATE(torch::kBFloat16, torch::kFloat32);
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  for (auto [rows, f] : {std::pair<int64_t, int64_t>{16, 64}, {48, 192}, {1600, 4096}, {528, 2048}}) {
+    INFO(rows << " x 2*" << f << " " << c10::toString(dtype));
+    auto merged = (torch::randn({rows, 2 * f}, cuda) * 2).to(dtype);
+    auto grad = (torch::randn({rows, f}, cuda) * 1e-3).to(dtype);
+    merged[0][1] = 300.0f;
+    merged.narrow(1, 64, 64).select(0, 1).zero_();
+    auto hist = f32({0.05f, 1e9f, 0.02f}).to(torch::kCUDA);
+    auto act_amax = torch::zeros({1}, cuda.dtype(torch::kFloat32));
+    k::fp8_geglu_amax_into(merged, act_amax);
+    const k::GegluBlocks b = k::geglu_blocks_like(merged), ref = k::geglu_blocks_like(merged);
+    GegluCast with = geglu_cast_outputs(rows, f, k::Fp8Format::kE5m2, merged.options());
+    k::fp8_geglu_quantize_into(merged, hist, 1, with.fwd, b);
+    k::geglu_blocks_quantize_ref(merged, ref);
+    check_same_bytes(b.data, ref.data);
+    CHECK(torch::equal(b.inv_scale.cpu(), ref.inv_scale.cpu()));
+    k::fp8_geglu_backward_quantize_into(grad, torch::Tensor(), k::Fp8Format::kE5m2, hist, 1, act_amax, with.bwd, b);
+    const GegluCast bwd =
+        geglu_cast_fused(k::geglu_blocks_dequantize(b, dtype), grad, k::Fp8Format::kE5m2, hist, 1, act_amax);
+    check_same_bytes(with.bwd.grad_merged.out, bwd.bwd.grad_merged.out);
+    check_same_bytes(with.bwd.grad_merged.out_t, bwd.bwd.grad_merged.out_t);
+    check_same_bytes(with.bwd.act_t, bwd.bwd.act_t);
+    CHECK(with.bwd.act_inv_scale.cpu().item<float>() == bwd.bwd.act_inv_scale.cpu().item<float>());
+  }
+}

@@ -247,6 +247,70 @@ TEST_CASE("The fused FP8 GeGLU casts give the unfused casts' loss and gradients 
   check_fused_geglu_casts(*net, tiny_batch(6), o, scaling, 3);
 }
 
+TEST_CASE("GeGLU inputs kept in e4m3 blocks leave the FP8 forward unchanged and its gradients close (CPU emulation)",
+          "[model][fp8]") {
+  const bool fused = GENERATE(false, true);
+  INFO("fused GeGLU casts " << fused);
+  Pi05 net(Pi05Config::tiny(), torch::kCPU, torch::kFloat32);
+  init_weights(*net, 43);
+  ForwardOptions o;
+  o.kernels = Kernels::kFused;
+  o.trim_text = false;  // 3 x 32 backbone rows: a multiple of 16, as the blocks need
+  const Pi05Batch batch = tiny_batch(7);
+  auto run = [&](bool blocks) {
+    Fp8Config config;
+    config.fused_geglu_casts = fused;
+    config.saved_geglu_blocks = blocks;
+    net->set_fp8(decoder_fp8_fqns({"self_attn.q_proj", "mlp.gate_proj", "mlp.down_proj"}), config);
+    return model_step(*net, batch, o);
+  };
+  const Step ref = run(false);
+  const Step got = run(true);
+  net->set_fp8({});
+  CHECK(torch::equal(got.loss, ref.loss));  // the forward reads merged itself either way
+  REQUIRE(got.grads.size() == ref.grads.size());
+  int64_t differing = 0;
+  for (const auto& [name, g] : ref.grads) {
+    INFO(name);
+    const torch::Tensor a = g.flatten().to(torch::kFloat64), b = got.grads.at(name).flatten().to(torch::kFloat64);
+    if (!torch::equal(a, b)) ++differing;
+    // A key bias's exact gradient is zero (softmax ignores a constant per query): both hold rounding noise.
+    if (name.find("self_attn.k_proj.bias") != std::string::npos) continue;
+    if (a.norm().item<double>() > 0) CHECK(torch::cosine_similarity(a, b, 0).item<double>() > 0.99);
+  }
+  // Layer 0's GeGLU gradient reads the rounded values: its gate+up weights and everything before them move.
+  CHECK(differing > 0);
+  CHECK_FALSE(torch::equal(got.grads.at(kLm + "0.mlp.gate_proj.weight"), ref.grads.at(kLm + "0.mlp.gate_proj.weight")));
+  // down_proj's weight gradient reads its input rebuilt from the rounded values.
+  CHECK_FALSE(torch::equal(got.grads.at(kLm + "0.mlp.down_proj.weight"), ref.grads.at(kLm + "0.mlp.down_proj.weight")));
+}
+
+TEST_CASE("fp8.saved_geglu_inputs reaches every FP8 Linear's config and needs an FP8 down projection",
+          "[recipe][fp8]") {
+  Pi05Impl model(Pi05Config::tiny());
+  vlatune::formats::Recipe recipe;
+  recipe.fp8.saved_geglu_inputs = vlatune::formats::SavedGegluInputs::kE4m3Blocks;
+  recipe.fp8.modules = {kLm + "*.mlp.*"};
+  vlatune::trainer::apply_recipe(recipe, "r.json", model);
+  int64_t fp8_linears = 0, with_blocks = 0;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    const auto* l = dynamic_cast<const LinearImpl*>(item.value().get());
+    if (l == nullptr || !l->fp8) continue;
+    ++fp8_linears;
+    with_blocks += l->fp8->config.saved_geglu_blocks ? 1 : 0;
+  }
+  CHECK(fp8_linears == 6);  // gate, up and down of both backbone layers
+  CHECK(with_blocks == fp8_linears);
+  recipe.fp8.modules = {kLm + "*.self_attn.q_proj"};
+  try {
+    vlatune::trainer::apply_recipe(recipe, "r.json", model);
+    FAIL("expected a FormatError");
+  } catch (const vlatune::formats::FormatError& e) {
+    CHECK(e.json_path() == "$.fp8.saved_geglu_inputs");
+    CHECK_THAT(e.what(), Catch::Contains("down projection"));
+  }
+}
+
 TEST_CASE("A recipe selects the gate+up units by pattern and refuses them nested in their MLP", "[recompute][recipe]") {
   Pi05Impl model(Pi05Config::tiny());
   vlatune::formats::Recipe recipe;
