@@ -13,6 +13,7 @@
 #include "formats/fqn_pattern.h"
 #include "formats/json_error.h"
 #include "formats/numbers.h"
+#include "layout/pi05.h"
 #include "tuner/plan_steps.h"
 #include "tuner/plan_variants.h"
 
@@ -115,6 +116,12 @@ Recipe make_recipe(const Recipe& base, const CostModel& m, const Choice& c) {
   // Delayed scaling when FP8 is chosen: on the H200 it trained 67.7-68.3 samples/s against 63.8-64.7 for current
   // scaling at batch 32, and both passed the 200-step numerics gate (bench/RESULTS.md).
   if (!r.fp8.modules.empty()) r.fp8.scaling = formats::Fp8Scaling::kDelayed;
+  // Blocks keep an FP8 down projection's input: without one the trainer refuses the key.
+  const bool fp8_down = std::any_of(c.fp8.begin(), c.fp8.end(), [&](int g) {
+    const auto& members = m.profile.gemms[static_cast<size_t>(g)].members;
+    return std::any_of(members.begin(), members.end(), layout::geglu_down_projection);
+  });
+  if (!fp8_down) r.fp8.saved_geglu_inputs = formats::SavedGegluInputs::kBf16;
   r.predicted.step_ms = c.prediction.step_ms;
   r.predicted.peak_gib = c.prediction.peak_gib;
   r.predicted.samples_per_s = c.prediction.samples_per_s;

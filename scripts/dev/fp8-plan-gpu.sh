@@ -8,7 +8,10 @@
 #   bash scripts/pack-deps.sh; mkdir -p .ref && cp <pi05_torch_reference.py> .ref/
 #   device run: command "bash scripts/dev/fp8-plan-gpu.sh", carry [".deps", ".ref"]   (~8 min on one H200, built)
 # Options (environment): BUDGET (57), STEPS (14), REF (1: run the reference), ARCHS (9.0), PLAN_FLAGS (extra
-# `vlatune plan` flags, e.g. "--fp8-include paligemma_with_expert.paligemma.model.vision_tower").
+# `vlatune plan` flags, e.g. "--fp8-include paligemma_with_expert.paligemma.model.vision_tower"),
+# SAVED_GEGLU_INPUTS (the recipes' fp8.saved_geglu_inputs, e.g. "e4m3-blocks"), GATE_STEPS (0; N > 0: the planned
+# recipe and the default bf16 recipe train N steps from the same weights and data, peak lr after 20 steps, and
+# `vlatune check --numerics --curve-loss-only` gates the FP8 loss curve against bf16's).
 # Output: $OUT/profile.json, $OUT/plan.json, $OUT/plan.txt (--explain), $OUT/run_{planned,hand}.json, $OUT/*.log.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -26,10 +29,11 @@ echo "$(el) built"
 
 untrimmed() {  # SRC DEST: the recipe without prompt trimming; "norc" also drops its recompute set
   python3 - "$@" <<'PY'
-import json, sys
+import json, os, sys
 r = json.load(open(sys.argv[1]))
 r.setdefault("data", {})["trim_text"] = False
 if len(sys.argv) > 3: r["recompute"] = {"modules": []}
+if os.environ.get("SAVED_GEGLU_INPUTS"): r["fp8"]["saved_geglu_inputs"] = os.environ["SAVED_GEGLU_INPUTS"]
 json.dump(r, open(sys.argv[2], "w"), indent=2)
 PY
 }
@@ -64,6 +68,20 @@ for name in planned hand; do
   echo "$(el) $name exit $?: $(tail -1 "$out/train_$name.log")"
   cp "/tmp/fp8-$name/run.json" "$out/run_$name.json" 2>/dev/null
 done
+
+if [ "${GATE_STEPS:-0}" -gt 0 ] && [ -f "$out/planned.json" ]; then
+  echo '{"schema": "vlatune.recipe/1", "data": {"trim_text": false}}' >"$out/bf16.json"
+  for name in planned bf16; do
+    rm -rf "/tmp/gate-$name"
+    timeout 400 $v train --config full --data synthetic --recipe "$out/$name.json" --steps "$GATE_STEPS" \
+      --warmup-steps 20 --seed 0 --timing-warmup 3 --out "/tmp/gate-$name" --no-progress --log-every 50 --no-save \
+      >"$out/gate_$name.log" 2>&1
+    echo "$(el) gate run $name exit $?: $(tail -1 "$out/gate_$name.log")"
+  done
+  $v check --numerics --curve-loss-only --baseline /tmp/gate-bf16/run.json --candidate /tmp/gate-planned/run.json \
+    >"$out/numerics.txt" 2>&1
+  echo "numerics gate exit $?"; tail -5 "$out/numerics.txt"
+fi
 
 python3 - "$out" <<'PY'
 import json, os, sys
