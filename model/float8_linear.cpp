@@ -319,35 +319,29 @@ struct Float8GegluLinearFn : public torch::autograd::Function<Float8GegluLinearF
     const int64_t n = weight.size(0), f = weight.size(1), m = grads[0].numel() / n, mp = padded(m);
     const Fp8Tensor gq =
         quantize_role(pad_rows(grads[0].reshape({m, n}), mp), Fp8Format::kE5m2, st.grad_output, st.config, true, true);
-    if (blocks.defined() && producer != nullptr && producer->config.fused_geglu_casts) {
-      // As below, with merged read from its e4m3 blocks in the same pass.
-      const QuantWeights wt = quantize_weights({weight}, w_amax, false, true);
-      const at::Tensor grad_act =
-          kernels::fp8_mm(gq.data, wt.data_t.t(), gq.inv_scale, wt.inv_scale, grads[0].scalar_type(), false);
-      const CastOutput act = geglu_backward_cast(grad_act, at::Tensor(), blocks, act_amax, *producer);
-      if (ctx->needs_input_grad(1))
-        result[1] = kernels::fp8_mm(gq.data_t, act.data_t.t(), gq.inv_scale, act.inv_scale, grad_dtype(weight), false)
-                        .to(weight.scalar_type());
-      result[0] = at::zeros({}, grads[0].options()).expand(merged_sizes);
-      return result;
-    }
-    const at::Tensor merged =
-        blocks.defined() ? kernels::geglu_blocks_dequantize(blocks, grads[0].scalar_type()).reshape(merged_sizes)
-                         : kernels::kept_or_rebuilt(ctx, saved, 6);
-    const at::Tensor merged2 = merged.reshape({m, 2 * f});
-    if (producer != nullptr && geglu_casts_fuse(*producer, merged2, mp)) {
+    // merged as kept (or rebuilt); with blocks kept instead, the fused pass reads them and the unfused path the
+    // values read back.
+    at::Tensor merged = blocks.defined() ? at::Tensor() : kernels::kept_or_rebuilt(ctx, saved, 6);
+    at::Tensor merged2 = blocks.defined() ? at::Tensor() : merged.reshape({m, 2 * f});
+    const bool fuse = producer != nullptr && (blocks.defined() ? producer->config.fused_geglu_casts
+                                                               : geglu_casts_fuse(*producer, merged2, mp));
+    if (fuse) {
       // One pass from merged and d act: d merged in e5m2 for the gate+up GEMM (left in its pending_grad, both
       // layouts) and this GEMM's rebuilt input, transposed; no bf16 d merged or act in memory.
       const QuantWeights wt = quantize_weights({weight}, w_amax, false, true);
       const at::Tensor grad_act =
-          kernels::fp8_mm(gq.data, wt.data_t.t(), gq.inv_scale, wt.inv_scale, merged.scalar_type(), false);
-      const CastOutput act = geglu_backward_cast(grad_act, merged2, {}, act_amax, *producer);
+          kernels::fp8_mm(gq.data, wt.data_t.t(), gq.inv_scale, wt.inv_scale, grads[0].scalar_type(), false);
+      const CastOutput act = geglu_backward_cast(grad_act, merged2, blocks, act_amax, *producer);
       if (ctx->needs_input_grad(1))  // a frozen down_proj gets no weight gradient
         result[1] = kernels::fp8_mm(gq.data_t, act.data_t.t(), gq.inv_scale, act.inv_scale, grad_dtype(weight), false)
                         .to(weight.scalar_type());
       // The gate+up GEMM's backward reads pending_grad; autograd still needs a gradient of merged's shape.
-      result[0] = at::zeros({}, merged.options()).expand(merged.sizes());
+      result[0] = at::zeros({}, grads[0].options()).expand(merged_sizes);
       return result;
+    }
+    if (blocks.defined()) {
+      merged = kernels::geglu_blocks_dequantize(blocks, grads[0].scalar_type()).reshape(merged_sizes);
+      merged2 = merged.reshape({m, 2 * f});
     }
     if (ctx->needs_input_grad(1)) {
       // The GeGLU output recomputed, cast transposed with the forward's scale; freed after the weight gradient.
