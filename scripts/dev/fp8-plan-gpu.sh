@@ -11,7 +11,9 @@
 # `vlatune plan` flags, e.g. "--fp8-include paligemma_with_expert.paligemma.model.vision_tower"),
 # SAVED_GEGLU_INPUTS (the recipes' fp8.saved_geglu_inputs, e.g. "e4m3-blocks"), GATE_STEPS (0; N > 0: the planned
 # recipe and the default bf16 recipe train N steps from the same weights and data, peak lr after 20 steps, and
-# `vlatune check --numerics --curve-loss-only` gates the FP8 loss curve against bf16's).
+# `vlatune check --numerics --curve-loss-only` gates the FP8 loss curve against bf16's), TRIMMED (1: also the
+# trimmed-prompt pair: the compiled FP8 reference with `--text 64` against the hand recipe with prompt trimming on a
+# `vlatune data synth --prompt-len 20:64` dataset, so both run 64 text positions).
 # Output: $OUT/profile.json, $OUT/plan.json, $OUT/plan.txt (--explain), $OUT/run_{planned,hand}.json, $OUT/*.log.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -68,6 +70,39 @@ for name in planned hand; do
   echo "$(el) $name exit $?: $(tail -1 "$out/train_$name.log")"
   cp "/tmp/fp8-$name/run.json" "$out/run_$name.json" 2>/dev/null
 done
+
+if [ "${TRIMMED:-0}" = 1 ]; then
+  rm -rf /tmp/trim-data /tmp/fp8-trimmed
+  $v data synth --config full --samples 768 --prompt-len 20:64 --seed 0 --out /tmp/trim-data >"$out/trim_data.log" 2>&1
+  python3 - recipes/pi05_libero_h200_fp8.json "$out/trimmed.json" <<'PY'
+import json, os, sys
+r = json.load(open(sys.argv[1]))
+if os.environ.get("SAVED_GEGLU_INPUTS"): r["fp8"]["saved_geglu_inputs"] = os.environ["SAVED_GEGLU_INPUTS"]
+json.dump(r, open(sys.argv[2], "w"), indent=2)
+PY
+  if [ "${REF:-1}" = 1 ]; then
+    PYTHONUNBUFFERED=1 python3 .ref/pi05_torch_reference.py --slots 2 --attn sdpa --recompute vit --compile layer \
+      --fp8 tensorwise --text 64 --steps 10 --warmup 3 --tag compiled-fp8-trim >"$out/reference_trim.log" 2>&1
+    grep RESULT "$out/reference_trim.log" | sed 's/^RESULT //' >"$out/reference_trim.jsonl"
+  fi
+  timeout 240 $v train --config full --data /tmp/trim-data --recipe "$out/trimmed.json" --steps "$steps" --seed 0 \
+    --timing-warmup 3 --max-memory "$budget" --out /tmp/fp8-trimmed --no-progress --log-every 5 --no-save \
+    >"$out/train_trimmed.log" 2>&1
+  echo "$(el) trimmed exit $?: $(tail -1 "$out/train_trimmed.log")"
+  cp /tmp/fp8-trimmed/run.json "$out/run_trimmed.json" 2>/dev/null
+  python3 - "$out" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+try:
+    ref = json.loads(open(os.path.join(out, "reference_trim.jsonl")).read().splitlines()[-1])
+    run = json.load(open(os.path.join(out, "run_trimmed.json")))
+    sps = run["samples_per_s_median"]
+    print(f"trimmed: reference {ref['samples_per_s']:.2f} samples/s ({ref['peak_gib']:.2f} GiB), vlatune "
+          f"{sps:.2f} ({run['peak_gib']:.2f} GiB): {sps / ref['samples_per_s']:.3f}x")
+except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+    print(f"trimmed pair incomplete: {e}")
+PY
+fi
 
 if [ "${GATE_STEPS:-0}" -gt 0 ] && [ -f "$out/planned.json" ]; then
   echo '{"schema": "vlatune.recipe/1", "data": {"trim_text": false}}' >"$out/bf16.json"
