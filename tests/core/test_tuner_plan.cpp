@@ -170,12 +170,12 @@ TEST_CASE("a tight budget buys memory with the cheapest recompute per GiB", "[tu
 
 TEST_CASE("A plan keeps the profiled recipe's e4m3-block GeGLU inputs only with an FP8 down projection",
           "[tuner][plan][fp8]") {
-  formats::Profile p = synthetic();
+  formats::Profile p = synthetic_profile();
   p.recipe.fp8.saved_geglu_inputs = formats::SavedGegluInputs::kE4m3Blocks;
   PlanOptions o = at_batch(32);
-  CHECK(plan(p, kSynthetic, o).recipe.fp8.saved_geglu_inputs == formats::SavedGegluInputs::kBf16);  // no FP8
+  CHECK(plan(p, kSyntheticProfile, o).recipe.fp8.saved_geglu_inputs == formats::SavedGegluInputs::kBf16);  // no FP8
   o.fp8_auto = true;
-  const PlanResult r = plan(p, kSynthetic, o);
+  const PlanResult r = plan(p, kSyntheticProfile, o);
   REQUIRE(std::find(r.recipe.fp8.modules.begin(), r.recipe.fp8.modules.end(), kPL + "*.mlp.down_proj") !=
           r.recipe.fp8.modules.end());
   CHECK(r.recipe.fp8.saved_geglu_inputs == formats::SavedGegluInputs::kE4m3Blocks);
