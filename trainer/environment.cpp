@@ -67,15 +67,32 @@ formats::Environment capture_environment(torch::Device device, const std::string
   return env;
 }
 
-double peak_allocated_gib(torch::Device device) {
+namespace {
+
+// The peak of one of the caching allocator's byte statistics on `device`, in GiB (0 on the CPU).
+template <typename Select>
+double allocator_peak_gib(torch::Device device, Select select) {
 #ifdef VLATUNE_HAVE_CUDA
   if (device.is_cuda()) {
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.has_index() ? device.index() : 0);
-    const auto& peak = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+    const auto& peak = select(stats)[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
     return static_cast<double>(peak) / static_cast<double>(1ull << 30);
   }
 #endif
+  (void)select;
   return 0.0;
+}
+
+}  // namespace
+
+double peak_allocated_gib(torch::Device device) {
+  return allocator_peak_gib(
+      device, [](const auto& stats) -> const auto& { return stats.allocated_bytes; });
+}
+
+double peak_reserved_gib(torch::Device device) {
+  return allocator_peak_gib(
+      device, [](const auto& stats) -> const auto& { return stats.reserved_bytes; });
 }
 
 void reset_peak_allocated(torch::Device device) {

@@ -30,6 +30,9 @@ const char* vlatune_commit();
 
 // Peak bytes the caching allocator handed out on `device` since the last reset, in GiB (0 on the CPU).
 double peak_allocated_gib(torch::Device device);
+// Peak bytes it held from CUDA over the same span: the handed-out bytes plus its cached free blocks, which is what
+// --max-memory caps (0 on the CPU).
+double peak_reserved_gib(torch::Device device);
 void reset_peak_allocated(torch::Device device);
 
 }  // namespace vlatune::trainer

@@ -93,6 +93,7 @@ struct Run {
   int64_t first_step = 0, step = 0;
   int64_t skipped_total = 0, consecutive_nonfinite = 0;
   double peak_gib = 0.0;
+  double peak_reserved_gib = 0.0;  // the caching allocator's, cached blocks included (what --max-memory caps)
   bool stop = false;
   std::chrono::steady_clock::time_point loop_start;
   std::optional<StepWatchdog> watchdog;
@@ -300,6 +301,7 @@ StepRecord run_step(Run& run) {
   // A replayed graph allocates nothing: its peak is the capture's.
   r.peak_gib = std::max(peak_allocated_gib(device), outcome.graph_peak_gib);
   run.peak_gib = std::max(run.peak_gib, r.peak_gib);
+  run.peak_reserved_gib = std::max(run.peak_reserved_gib, peak_reserved_gib(device));
   const int64_t samples_per_step = parts.batch * parts.grad_accum * run.world_size;  // the global batch
   r.samples_per_s = samples_per_step / (r.step_ms / 1e3);
   const double elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - run.loop_start).count();
@@ -475,7 +477,8 @@ TrainSummary finish_run(Run& run) {
     log << std::fixed << std::setprecision(2) << summary.samples_per_s_median << " samples/s" << std::defaultfloat
         << (run.dist ? " (global: all " + std::to_string(run.world_size) + " processes)" : std::string());
   if (run.parts.device.is_cuda())
-    log << ", peak " << std::fixed << std::setprecision(2) << run.peak_gib << " GiB" << std::defaultfloat;
+    log << ", peak " << std::fixed << std::setprecision(2) << run.peak_gib << " GiB (" << run.peak_reserved_gib
+        << " GiB reserved by the caching allocator)" << std::defaultfloat;
   log << ", skipped " << run.skipped_total << "; " << join_path(run.settings.run_dir, "run.json") << "\n";
   if (run.parts.step_graph) {
     const StepGraph::Stats& g = run.parts.step_graph->stats();
