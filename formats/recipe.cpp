@@ -203,12 +203,11 @@ const char* to_string(AttentionBackend v) {
 const char* to_string(Precision v) {
   return v == Precision::kBf16 ? "bf16" : "fp32-master";
 }
-const char* to_string(SavedGegluInputs v) {
-  return v == SavedGegluInputs::kBf16 ? "bf16" : "e4m3-blocks";
-}
-
 const char* to_string(Fp8Scaling v) {
   return v == Fp8Scaling::kTensorwise ? "tensorwise" : "delayed";
+}
+const char* to_string(SavedGegluInputs v) {
+  return v == SavedGegluInputs::kBf16 ? "bf16" : "e4m3-blocks";
 }
 const char* to_string(ReduceDtype v) {
   return v == ReduceDtype::kBf16 ? "bf16" : "fp32";
