@@ -169,13 +169,6 @@ nlohmann::json lora_json(const Recipe::Lora& l) {
   return {{"preset", l.preset ? nlohmann::json(to_string(*l.preset)) : nlohmann::json(nullptr)}, {"targets", targets}};
 }
 
-bool is_default(const Recipe::Freeze& f) {
-  return f.presets.empty() && f.modules.empty();
-}
-bool is_default(const Recipe::Lora& l) {
-  return !l.preset && l.targets.empty();
-}
-
 std::vector<std::string> sorted_unique(std::vector<std::string> v) {
   std::sort(v.begin(), v.end());
   v.erase(std::unique(v.begin(), v.end()), v.end());
@@ -183,6 +176,13 @@ std::vector<std::string> sorted_unique(std::vector<std::string> v) {
 }
 
 }  // namespace
+
+bool is_default(const Recipe::Freeze& f) {
+  return f.presets.empty() && f.modules.empty();
+}
+bool is_default(const Recipe::Lora& l) {
+  return !l.preset && l.targets.empty();
+}
 
 const char* to_string(Attention v) {
   return v == Attention::kLean ? "lean" : "materialized";

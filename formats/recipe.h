@@ -160,6 +160,9 @@ bool operator==(const Recipe& a, const Recipe& b);
 inline bool operator!=(const Recipe& a, const Recipe& b) {
   return !(a == b);
 }
+// True when the section changes nothing: every parameter trains, no adapters.
+bool is_default(const Recipe::Freeze& f);
+bool is_default(const Recipe::Lora& l);
 
 // Validates and converts a parsed document; `file` only names the source in errors.
 Recipe parse_recipe(const nlohmann::json& j, const std::string& file);

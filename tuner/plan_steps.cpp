@@ -109,8 +109,8 @@ std::vector<CommPiece> comm_pieces(const CostModel& m, int64_t batch, const std:
     for (const std::string& root : gp.roots) {
       if (!t.active || !formats::fqn_within_any(root, t.no_backward) || formats::fqn_within_any(root, t.kept))
         p.backward_ms += root_backward_ms(m, root, static_cast<double>(batch));
-      if (!t.active || !formats::fqn_within_any(
-                           root, t.frozen))  // frozen: no gradient to reduce (LoRA adapters: a few MB, left out)
+      // A frozen root has no gradient to reduce (LoRA adapters' few MB are left out).
+      if (!t.active || !formats::fqn_within_any(root, t.frozen))
         p.grad_bytes += root_parameter_bytes(m, root) / param_elem * reduce_elem;
     }
     for (int u : recompute) {
@@ -274,8 +274,7 @@ std::string batch_shape(int64_t micro_batch, int grad_accum) {
 }
 
 bool trainable_planned(const PlanInputs& in) {
-  const formats::Recipe::Freeze& f = in.options.freeze;
-  return !f.presets.empty() || !f.modules.empty() || in.options.lora.preset || !in.options.lora.targets.empty();
+  return !formats::is_default(in.options.freeze) || !formats::is_default(in.options.lora);
 }
 
 formats::StateDtype planned_state_dtype(const PlanInputs& in) {

@@ -301,10 +301,8 @@ PlanResult plan(const formats::Profile& profile, const std::string& file, const 
                                    "\": plan needs a training profile (`vlatune profile` without --inference); this "
                                    "one times sampled action chunks, not optimizer steps");
   for (const auto& [change, key, used] :
-       {std::tuple{AllowedChange::kFreeze, "$.recipe.freeze",
-                   !profile.recipe.freeze.presets.empty() || !profile.recipe.freeze.modules.empty()},
-        std::tuple{AllowedChange::kLora, "$.recipe.lora",
-                   profile.recipe.lora.preset.has_value() || !profile.recipe.lora.targets.empty()}}) {
+       {std::tuple{AllowedChange::kFreeze, "$.recipe.freeze", !formats::is_default(profile.recipe.freeze)},
+        std::tuple{AllowedChange::kLora, "$.recipe.lora", !formats::is_default(profile.recipe.lora)}}) {
     if (o.allow.count(change) && used)
       throw PlanInputError("--allow " + to_string(change) + ": the profiled recipe already sets " + key + " in " +
                            file + "; freezing and LoRA are priced against full training: profile a recipe without " +
