@@ -2,7 +2,7 @@
 # The FP8 target's planned recipe, measured in one call: `vlatune profile` under the FP8 recipe with nothing
 # recomputed and no prompt trimming (the FP8 GEMMs, their casts and the recompute A/B rows measured as they run),
 # `vlatune plan --fp8 auto --batch 32 --memory-budget 57` from that profile, then the compiled FP8 PyTorch reference,
-# the planned recipe (under --max-memory 57) and the hand-written recipes/pi05_libero_h200_fp8.json (untrimmed), each
+# the planned recipe (under --max-memory 57) and the shipped recipes/pi05_libero_h200_fp8.json (untrimmed), each
 # 14 steps at batch 32 on synthetic data. A table last: predicted vs measured, and each run's ratio to the reference.
 #
 #   bash scripts/pack-deps.sh; mkdir -p .ref && cp <pi05_torch_reference.py> .ref/
@@ -12,9 +12,9 @@
 # SAVED_GEGLU_INPUTS (the recipes' fp8.saved_geglu_inputs, e.g. "e4m3-blocks"), GATE_STEPS (0; N > 0: the planned
 # recipe and the default bf16 recipe train N steps from the same weights and data, peak lr after 20 steps, and
 # `vlatune check --numerics --curve-loss-only` gates the FP8 loss curve against bf16's), TRIMMED (1: also the
-# trimmed-prompt pair: the compiled FP8 reference with `--text 64` against the hand recipe with prompt trimming on a
+# trimmed-prompt pair: the compiled FP8 reference with `--text 64` against the shipped recipe with prompt trimming on a
 # `vlatune data synth --prompt-len 20:64` dataset, so both run 64 text positions).
-# Output: $OUT/profile.json, $OUT/plan.json, $OUT/plan.txt (--explain), $OUT/run_{planned,hand}.json, $OUT/*.log.
+# Output: $OUT/profile.json, $OUT/plan.json, $OUT/plan.txt (--explain), $OUT/run_{planned,shipped}.json, $OUT/*.log.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -40,7 +40,7 @@ json.dump(r, open(sys.argv[2], "w"), indent=2)
 PY
 }
 untrimmed recipes/pi05_libero_h200_fp8.json "$out/fp8_profiled.json" norc
-untrimmed recipes/pi05_libero_h200_fp8.json "$out/hand.json"
+untrimmed recipes/pi05_libero_h200_fp8.json "$out/shipped.json"
 
 rm -rf /tmp/fp8-profile
 timeout 400 $v profile --config full --data synthetic --batch 32 --recipe "$out/fp8_profiled.json" --trace-steps 0 \
@@ -61,7 +61,7 @@ if [ "${REF:-1}" = 1 ]; then
   echo "$(el) reference: $(tail -1 "$out/reference.jsonl")"
 fi
 
-for name in planned hand; do
+for name in planned shipped; do
   [ -f "$out/$name.json" ] || continue
   rm -rf "/tmp/fp8-$name"
   timeout 240 $v train --config full --data synthetic --recipe "$out/$name.json" --steps "$steps" --seed 0 \
@@ -108,8 +108,10 @@ if [ "${GATE_STEPS:-0}" -gt 0 ] && [ -f "$out/planned.json" ]; then
   echo '{"schema": "vlatune.recipe/1", "data": {"trim_text": false}}' >"$out/bf16.json"
   for name in planned bf16; do
     rm -rf "/tmp/gate-$name"
+    # --timing-warmup 0: run.json keeps every step's loss (it drops the timing warm-up's), so GATE_STEPS >= 200
+    # steps reach `vlatune check`'s curve gate instead of its per-step rule for shorter runs.
     timeout 400 $v train --config full --data synthetic --recipe "$out/$name.json" --steps "$GATE_STEPS" \
-      --warmup-steps 20 --seed 0 --timing-warmup 3 --out "/tmp/gate-$name" --no-progress --log-every 50 --no-save \
+      --warmup-steps 20 --seed 0 --timing-warmup 0 --out "/tmp/gate-$name" --no-progress --log-every 50 --no-save \
       >"$out/gate_$name.log" 2>&1
     echo "$(el) gate run $name exit $?: $(tail -1 "$out/gate_$name.log")"
   done
@@ -131,7 +133,7 @@ if ref: print(f"reference compiled-fp8: {ref['samples_per_s']:.2f} samples/s, pe
 print("| recipe | recompute | FP8 patterns | predicted samples/s | samples/s (median) | prediction error | "
       "predicted peak GiB | peak GiB | vs reference |")
 print("|---|---|---|---|---|---|---|---|---|")
-for name in ("planned", "hand"):
+for name in ("planned", "shipped"):
     r, run = load(f"{name}.json"), load(f"run_{name}.json")
     if r is None: continue
     pred = r.get("predicted", {})
