@@ -74,16 +74,16 @@ void setup_check(CLI::App& app, Context& ctx) {
   cmd->add_option("--rtol", c.rtol_pct, "Per-step loss and grad-norm relative error, %")
       ->check(finite_range(0.0, 1000.0));
   cmd->add_option("--pearson-min", c.pearson_min,
-                  "Runs sharing >= --long-run-steps steps: minimum Pearson correlation of the loss and grad-norm "
+                  "Runs of >= --long-run-steps steps: minimum Pearson correlation of the loss and grad-norm "
                   "curves")
       ->check(finite_range(-1.0, 1.0));
   cmd->add_option("--mre-max", c.mre_max_pct, "... and maximum mean relative error, %")
       ->check(finite_range(0.0, 1000.0));
   cmd->add_flag(
       "--curve-loss-only", [cp = &c](int64_t) { cp->curve_gates_grad_norm = false; },
-      "Long runs: gate the loss curve only and report the gradient-norm curve (the FP8 issue's gate is on losses)");
+      "Long runs: gate the loss curve only and report the gradient-norm curve (the FP8 numerics gate is on losses)");
   cmd->add_option("--long-run-steps", c.long_run_steps,
-                  "Shared steps from which curves are gated by Pearson + mean relative error instead of per step")
+                  "Steps both runs trained (warm-up included) from which the curves are gated instead of each step")
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 40));
   cmd->add_flag("--numerics", c.numerics_only,
                 "Only the numerics gates (NaN/skipped steps, loss and grad-norm agreement); runs may differ in "

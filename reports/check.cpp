@@ -131,7 +131,10 @@ SeriesCheck compare_series(const std::string& name, const std::vector<double>& b
   if (xb.empty()) return s;
   s.error = series_error(xb, xc);
   s.worst_step = steps[s.error.argmax];
-  s.curve = static_cast<int64_t>(xb.size()) >= o.long_run_steps;
+  // Long is how far both runs trained (`hi`: steps counted from 0), not how many steps run.json recorded: it leaves
+  // out the timing warm-up, and a 200-step gate run must not fall back to the per-step rule for that. Pearson needs
+  // a few points.
+  s.curve = hi >= o.long_run_steps && xb.size() >= kMinCurveSteps;
   if (s.curve) {
     s.pearson = pearson(xb, xc);
     // A constant curve has no correlation to speak of: the mean relative error alone decides.

@@ -6,8 +6,9 @@
 //      bf16): there only config, world_size, batch, seed and data must agree.
 //   2. Numerics (hard gates, independent of timing): no NaN loss/grad-norm and no skipped step in the candidate;
 //      for runs of the same seed and data, per-step loss and grad-norm within `rtol` of the baseline — or, when
-//      the runs share >= long_run_steps steps, the curves: Pearson >= pearson_min and mean relative error <=
-//      mre_max (one noisy step does not fail a long run, a drifting curve does).
+//      both runs trained >= long_run_steps steps (the timing warm-up run.json leaves out counts), the curves over
+//      the steps both recorded: Pearson >= pearson_min and mean relative error <= mre_max (one noisy step does not
+//      fail a long run, a drifting curve does).
 //   3. Timing: step_ms after warm-up, >= kMinTimingSamples per side, two-sided Mann-Whitney U at alpha AND the
 //      median grown by >= threshold: both, or it is not a regression. Fewer samples (an empty or short run):
 //      kIncomparable naming the counts found and needed, never a pass.
@@ -27,6 +28,7 @@
 namespace vlatune::reports {
 
 inline constexpr size_t kMinTimingSamples = 9;  // Google Benchmark's UTEST_OPTIMAL_REPETITIONS
+inline constexpr size_t kMinCurveSteps = 3;     // finite shared steps below which a long run is judged per step
 
 // The verdicts are the exit codes of `vlatune check` (4, bad input, is the CLI's: unreadable files, bad flags).
 enum class Verdict : int { kPass = 0, kRegression = 1, kNumericsFailure = 2, kIncomparable = 3 };

@@ -108,10 +108,8 @@ if [ "${GATE_STEPS:-0}" -gt 0 ] && [ -f "$out/planned.json" ]; then
   echo '{"schema": "vlatune.recipe/1", "data": {"trim_text": false}}' >"$out/bf16.json"
   for name in planned bf16; do
     rm -rf "/tmp/gate-$name"
-    # --timing-warmup 0: run.json keeps every step's loss (it drops the timing warm-up's), so GATE_STEPS >= 200
-    # steps reach `vlatune check`'s curve gate instead of its per-step rule for shorter runs.
     timeout 400 $v train --config full --data synthetic --recipe "$out/$name.json" --steps "$GATE_STEPS" \
-      --warmup-steps 20 --seed 0 --timing-warmup 0 --out "/tmp/gate-$name" --no-progress --log-every 50 --no-save \
+      --warmup-steps 20 --seed 0 --timing-warmup 3 --out "/tmp/gate-$name" --no-progress --log-every 50 --no-save \
       >"$out/gate_$name.log" 2>&1
     echo "$(el) gate run $name exit $?: $(tail -1 "$out/gate_$name.log")"
   done

@@ -272,6 +272,33 @@ TEST_CASE("Long runs are judged on curves: Pearson and mean relative error", "[r
   CHECK(r.verdict == Verdict::kNumericsFailure);
 }
 
+TEST_CASE("A run is long by the steps it trained: the warm-up that run.json leaves out counts", "[reports][check]") {
+  // 200 steps trained, 197 recorded after the 3 warm-up steps: the curves are judged, and one noisy step passes.
+  const auto base = synthetic_run(197, 800.0, 1);
+  auto spike = synthetic_run(197, 800.0, 2);
+  spike.loss[100] *= 1.05;
+  auto r = run_check(base, spike);
+  CHECK(r.verdict == Verdict::kPass);
+  REQUIRE(r.numerics.series.size() == 2);
+  CHECK(r.numerics.series[0].curve);
+  CHECK(r.numerics.series[0].steps == 197);
+  // One step fewer trained: the per-step rule, which that step fails.
+  const auto short_base = synthetic_run(196, 800.0, 1);
+  auto short_spike = synthetic_run(196, 800.0, 2);
+  short_spike.loss[100] *= 1.05;
+  r = run_check(short_base, short_spike);
+  CHECK_FALSE(r.numerics.series[0].curve);
+  CHECK(r.verdict == Verdict::kNumericsFailure);
+  // Trained long, but only two shared steps recorded (a warm-up of 198): too few points for a curve.
+  auto late_base = synthetic_run(2, 800.0, 1), late_spike = synthetic_run(2, 800.0, 2);
+  late_base.warmup_steps = late_spike.warmup_steps = 198;
+  late_base.steps = late_spike.steps = 200;
+  late_spike.loss[1] *= 1.05;
+  r = run_check(late_base, late_spike);
+  CHECK_FALSE(r.numerics.series[0].curve);
+  CHECK(r.verdict == Verdict::kNumericsFailure);
+}
+
 TEST_CASE("--curve-loss-only gates the loss curve and reports the gradient-norm curve", "[reports][check]") {
   const auto base = synthetic_run(250, 800.0, 1);
   auto noisy_norm = synthetic_run(250, 800.0, 2);
