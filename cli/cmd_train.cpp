@@ -146,7 +146,8 @@ void setup_train(CLI::App& app, Context& ctx) {
       ->default_str(std::to_string(trainer::kDefaultKeepLast));
   cmd->add_flag("--no-save", o->no_save,
                 "Write no checkpoint and no final weights (benchmark runs): run.json and metrics.jsonl only");
-  cmd->add_option("--timing-warmup", o->timing_warmup, "Steps left out of run.json's per-step series (time, loss, gradient norm) and timing statistics")
+  cmd->add_option("--timing-warmup", o->timing_warmup,
+                  "Steps left out of run.json's per-step series (time, loss, grad norm)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->default_str(std::to_string(trainer::kDefaultTimingWarmup));
   cmd->add_option("--workers", o->workers, "Data loader threads")
