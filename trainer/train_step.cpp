@@ -79,11 +79,16 @@ void drop_fp8_without_hardware(formats::Recipe& recipe, const std::string& devic
   }
   if (!d.is_cuda()) return;
   const int cc = kernels::device_compute_capability(d.has_index() ? d.index() : 0);
-  if (cc < 0 || kernels::fp8_supported(cc)) return;
-  log << "notice: this GPU (compute capability " << kernels::compute_capability_name(cc) << ") has no FP8 GEMMs ("
-      << kernels::compute_capability_name(kernels::kFp8MinComputeCapability)
+  if (cc >= 0) drop_fp8_for_capability(recipe, cc, log);
+}
+
+void drop_fp8_for_capability(formats::Recipe& recipe, int compute_capability, std::ostream& log) {
+  if (recipe.fp8.modules.empty() || kernels::fp8_supported(compute_capability)) return;
+  log << "notice: this GPU (compute capability " << kernels::compute_capability_name(compute_capability)
+      << ") has no FP8 GEMMs (" << kernels::compute_capability_name(kernels::kFp8MinComputeCapability)
       << " or newer): the recipe's fp8.modules train in bf16\n";
   recipe.fp8.modules.clear();
+  recipe.fp8.saved_geglu_inputs = formats::SavedGegluInputs::kBf16;
 }
 
 std::optional<DistEnv> job_environment() {

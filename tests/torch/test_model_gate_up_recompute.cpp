@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "profiler/scope.h"
 #include "scope_sink_test_util.h"
 #include "trainer/recipe_apply.h"
+#include "trainer/train_step.h"
 
 #ifdef VLATUNE_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -355,6 +357,24 @@ TEST_CASE("The shipped FP8 recipe applies to the full model as planned: five mod
   CHECK(applied.fp8_delayed);
   CHECK(applied.effective.fp8.saved_geglu_inputs == vlatune::formats::SavedGegluInputs::kE4m3Blocks);
   CHECK(applied.effective.data.trim_text);
+}
+
+TEST_CASE("On a GPU without FP8 the shipped FP8 recipe trains in bf16, e4m3-block inputs included", "[recipe][fp8]") {
+  const std::string path = std::string(VLATUNE_SOURCE_DIR) + "/recipes/pi05_libero_h200_fp8.json";
+  vlatune::formats::Recipe recipe = vlatune::formats::read_recipe(path);
+  std::ostringstream log;
+  vlatune::trainer::drop_fp8_for_capability(recipe, 90, log);  // an H100: kept
+  CHECK_FALSE(recipe.fp8.modules.empty());
+  CHECK(log.str().empty());
+  vlatune::trainer::drop_fp8_for_capability(recipe, 80, log);  // an A100
+  CHECK(recipe.fp8.modules.empty());
+  CHECK(recipe.fp8.saved_geglu_inputs == vlatune::formats::SavedGegluInputs::kBf16);
+  CHECK_THAT(log.str(), Catch::Contains("compute capability 8.0") && Catch::Contains("train in bf16"));
+  // What is left applies: the recompute set, no FP8 Linear.
+  Pi05Impl model(Pi05Config::full(), torch::Device(torch::kMeta));
+  const auto applied = vlatune::trainer::apply_recipe(recipe, path, model);
+  CHECK(applied.fp8.empty());
+  CHECK(applied.recompute.size() == 5);
 }
 
 TEST_CASE("The profiler's A/B classes include the backbone MLPs' gate+up outputs", "[recompute][profiler]") {
