@@ -95,6 +95,9 @@ TEST_CASE("every profile fixture plans to a stable, valid recipe within its budg
     const formats::Profile profile = formats::read_profile(file);
     PlanOptions o;
     o.profile_label = "profile.json";
+    // A profile of an FP8 recipe is planned as its FP8 recipe was (`--fp8 auto`): without it the plan trains in
+    // bf16, slower than what was profiled.
+    o.fp8_auto = !profile.recipe.fp8.modules.empty();
     const PlanResult a = plan(profile, file, o);
     const PlanResult b = plan(profile, file, o);
     // Stable: the same profile gives the same recipe, explanation included.
@@ -113,8 +116,11 @@ TEST_CASE("every profile fixture plans to a stable, valid recipe within its budg
     CHECK(a.recipe.predicted.step_ms.value_or(0) > 0);
     CHECK(a.recipe.tuned_on.gpu == profile.environment.gpu);
     CHECK(a.recipe.tuned_on.profile == std::optional<std::string>("profile.json"));
-    // Never slower than what was profiled, when that fits the budget.
-    if (a.baseline.peak_gib <= a.budget_gib) CHECK(a.predicted.samples_per_s >= a.baseline.samples_per_s - 1e-9);
+    // Never slower than what was profiled, when that fits the budget. `--fp8 auto` keeps a GEMM in bf16 unless FP8
+    // wins there by its margin, so against a profiled FP8 set it may give up a sliver (the FP8 fixture: layer 17's
+    // k+v GEMM, under a microsecond).
+    const double slack = o.fp8_auto ? 1e-4 * a.baseline.samples_per_s : 1e-9;
+    if (a.baseline.peak_gib <= a.budget_gib) CHECK(a.predicted.samples_per_s >= a.baseline.samples_per_s - slack);
     // The cost model reproduces the profiled baseline.
     CHECK(a.baseline.step_ms == Approx(profile.batches[0].step_ms));
     CHECK(a.baseline.peak_gib == Approx(*profile.batches[0].peak_gib));
