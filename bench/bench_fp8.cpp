@@ -50,13 +50,15 @@ void shapes(benchmark::internal::Benchmark* b) {
 
 // The GeGLU <-> FP8 boundary of the backbone MLP at batch 32 ([22,784, 2 x 16,384] merged), delayed scaling.
 // Arg fused: 0 = the unfused sequence (geglu -> cast; geglu backward -> cast of d merged + cast of the rebuilt
-// GeGLU output), 1 = the fused casts (kernels/fp8_ops.h fp8_geglu_*). Bytes: the fused kernels' traffic.
+// GeGLU output), 1 = the fused casts (kernels/fp8_ops.h fp8_geglu_*), 2 = the fused casts as the shipped FP8 recipe
+// runs them (fp8.saved_geglu_inputs "e4m3-blocks": the forward writes the row-major copy and merged's e4m3 blocks,
+// the backward reads the blocks). Bytes: the fused kernels' traffic.
 void BM_fp8_geglu_cast(benchmark::State& state) {
   if (!require_cuda(state)) return;
 #ifdef VLATUNE_HAVE_CUDA
   namespace k = vlatune::kernels;
   const int64_t rows = state.range(0), f = state.range(1);
-  const bool fused = state.range(2) != 0;
+  const bool fused = state.range(2) != 0, blocks = state.range(2) == 2;
   const auto opt = torch::TensorOptions().device(torch::kCUDA);
   auto merged = torch::randn({rows, 2 * f}, opt.dtype(torch::kBFloat16));
   auto grad = (torch::randn({rows, f}, opt) * 1e-3).to(torch::kBFloat16);
@@ -68,6 +70,8 @@ void BM_fp8_geglu_cast(benchmark::State& state) {
   fwd.out_t = torch::empty({f, rows}, e4);
   fwd.inv_scale = torch::empty({}, opt.dtype(torch::kFloat32));
   fwd.amax_out = torch::zeros({1}, opt.dtype(torch::kFloat32));
+  if (blocks) fwd.out_t = torch::Tensor();
+  const k::GegluBlocks merged_blocks = blocks ? k::geglu_blocks_like(merged) : k::GegluBlocks();
   k::Fp8GegluGradOutputs bwd;
   bwd.grad_merged.out = torch::empty({rows, 2 * f}, e5);
   bwd.grad_merged.out_t = torch::empty({2 * f, rows}, e5);
@@ -77,8 +81,9 @@ void BM_fp8_geglu_cast(benchmark::State& state) {
   bwd.act_inv_scale = torch::empty({}, opt.dtype(torch::kFloat32));
   vlatune::bench::run_gpu_timed(state, [&] {
     if (fused) {
-      k::fp8_geglu_quantize_into(merged, hist, 0, fwd);
-      k::fp8_geglu_backward_quantize_into(grad, merged, k::Fp8Format::kE5m2, hist, 0, act_amax, bwd);
+      k::fp8_geglu_quantize_into(merged, hist, 0, fwd, merged_blocks);
+      k::fp8_geglu_backward_quantize_into(grad, blocks ? torch::Tensor() : merged, k::Fp8Format::kE5m2, hist, 0,
+                                          act_amax, bwd, merged_blocks);
     } else {
       k::fp8_quantize_into(k::geglu(merged), k::Fp8Format::kE4m3, hist, 0, fwd);
       k::fp8_quantize_into(k::geglu_backward(grad, merged), k::Fp8Format::kE5m2, hist, 0, bwd.grad_merged);
@@ -89,8 +94,11 @@ void BM_fp8_geglu_cast(benchmark::State& state) {
     }
   });
   // Fused traffic: forward reads merged (4F B/row) and writes 2 x F; backward reads merged + grad (6F) and writes
-  // 2 x 2F + F.
-  const double bytes = static_cast<double>(rows) * f * (4 + 2 + 6 + 5);
+  // 2 x 2F + F. With blocks: the forward writes F + the blocks (2F (1 + 4/64)), the backward reads them instead of
+  // merged.
+  const double block_bytes = 2 * (1 + 4.0 / 64);
+  const double bytes =
+      static_cast<double>(rows) * f * (blocks ? 4 + 1 + block_bytes + block_bytes + 2 + 5 : 4 + 2 + 6 + 5);
   state.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 #endif
 }
@@ -100,6 +108,7 @@ void BM_fp8_geglu_cast(benchmark::State& state) {
 BENCHMARK(BM_fp8_geglu_cast)
     ->Args({22784, 16384, 0})
     ->Args({22784, 16384, 1})
+    ->Args({22784, 16384, 2})
     ->ArgNames({"rows", "F", "fused"})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);

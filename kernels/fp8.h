@@ -58,7 +58,8 @@ struct Fp8QuantParams {
 
 // The GeGLU input kept for the backward in e4m3 blocks (recipe fp8.saved_geglu_inputs "e4m3-blocks"): merged
 // [rows, 2F] as e4m3 [rows, 2F] (contiguous) and one fp32 dequantization scale per kGegluBlock consecutive
-// elements of a row, [rows, 2F / kGegluBlock]. A block's scale = 448 / max |block| (1 when that is 0 or not
+// elements of a row, [2F / kGegluBlock, rows] (block column major: a cast tile's 64 rows of one block column are 256
+// contiguous bytes). A block's scale = 448 / max |block| (1 when that is 0 or not
 // finite), its cast as the tensorwise one (x * scale, round to nearest even, saturating); the value read back is
 // fp32(q) * (1 / scale) rounded to merged's dtype. F must be a multiple of kGegluBlock: a block is one cast tile's
 // row.
@@ -86,7 +87,7 @@ void launch_fp8_geglu_quantize(const Fp8QuantParams& p, CUstream_st* stream);
 struct Fp8GegluBwdParams {
   Fp8QuantParams grad_merged;
   const void* merged_blocks = nullptr;             // e4m3 [rows, 2F], or null
-  const float* merged_blocks_inv_scale = nullptr;  // [rows, 2F / kGegluBlock]
+  const float* merged_blocks_inv_scale = nullptr;  // [2F / kGegluBlock, rows]
   const void* grad = nullptr;
   const float* act_amax_in = nullptr;
   void* act_t = nullptr;  // or null

@@ -169,10 +169,10 @@ void check_blocks(const GegluBlocks& b, int64_t rows, int64_t f, const c10::Devi
     fail("blocks.data must be a contiguous [" + std::to_string(rows) + ", " + std::to_string(2 * f) +
              "] Float8_e4m3fn tensor on " + device.str(),
          b.data);
-  if (!b.inv_scale.defined() || b.inv_scale.dim() != 2 || b.inv_scale.size(0) != rows ||
-      b.inv_scale.size(1) != 2 * f / kGegluBlock || !b.inv_scale.is_contiguous() ||
-      b.inv_scale.scalar_type() != at::kFloat || b.inv_scale.device() != device)
-    fail("blocks.inv_scale must be a contiguous [" + std::to_string(rows) + ", " + std::to_string(2 * f / kGegluBlock) +
+  if (!b.inv_scale.defined() || b.inv_scale.dim() != 2 || b.inv_scale.size(0) != 2 * f / kGegluBlock ||
+      b.inv_scale.size(1) != rows || !b.inv_scale.is_contiguous() || b.inv_scale.scalar_type() != at::kFloat ||
+      b.inv_scale.device() != device)
+    fail("blocks.inv_scale must be a contiguous [" + std::to_string(2 * f / kGegluBlock) + ", " + std::to_string(rows) +
              "] fp32 tensor on " + device.str(),
          b.inv_scale);
 }
@@ -186,7 +186,7 @@ bool geglu_blocks_supported(int64_t f) {
 GegluBlocks geglu_blocks_like(const at::Tensor& merged) {
   GegluBlocks b;
   b.data = at::empty({merged.size(0), merged.size(1)}, merged.options().dtype(at::kFloat8_e4m3fn));
-  b.inv_scale = at::empty({merged.size(0), merged.size(1) / kGegluBlock}, merged.options().dtype(at::kFloat));
+  b.inv_scale = at::empty({merged.size(1) / kGegluBlock, merged.size(0)}, merged.options().dtype(at::kFloat));
   return b;
 }
 
@@ -202,13 +202,13 @@ void geglu_blocks_quantize_ref(const at::Tensor& merged, const GegluBlocks& out)
   const at::Tensor ok = at::logical_and(amax > 0, at::isfinite(amax));
   const at::Tensor scale = at::where(ok, at::full({}, fmax, amax.options()) / amax, at::ones_like(amax));
   out.data.copy_((x * scale).clamp(-fmax, fmax).to(at::kFloat8_e4m3fn).reshape({rows, n}));
-  out.inv_scale.copy_((at::full({}, 1.0f, scale.options()) / scale).reshape({rows, nb}));
+  out.inv_scale.copy_((at::full({}, 1.0f, scale.options()) / scale).reshape({rows, nb}).t());
 }
 
 at::Tensor geglu_blocks_dequantize(const GegluBlocks& b, at::ScalarType dtype) {
   const int64_t rows = b.data.size(0), n = b.data.size(1), nb = n / kGegluBlock;
   check_blocks(b, rows, n / 2, b.data.device(), "geglu_blocks_dequantize");
-  return (b.data.to(at::kFloat).reshape({rows, nb, kGegluBlock}) * b.inv_scale.reshape({rows, nb, 1}))
+  return (b.data.to(at::kFloat).reshape({rows, nb, kGegluBlock}) * b.inv_scale.t().reshape({rows, nb, 1}))
       .reshape({rows, n})
       .to(dtype);
 }

@@ -32,7 +32,7 @@ void fp8_quantize_into_ref(const at::Tensor& x, Fp8Format format, const at::Tens
                            const Fp8QuantOutputs& outputs);
 
 // merged [rows, 2F] in e4m3 blocks (fp8.h kGegluBlock; recipe fp8.saved_geglu_inputs "e4m3-blocks"): data
-// [rows, 2F] Float8_e4m3fn, inv_scale [rows, 2F / kGegluBlock] fp32.
+// [rows, 2F] Float8_e4m3fn, inv_scale [2F / kGegluBlock, rows] fp32 (block j of row r at [j][r]; fp8.h says why).
 struct GegluBlocks {
   at::Tensor data, inv_scale;
   bool defined() const { return data.defined(); }

@@ -115,12 +115,19 @@ __device__ __forceinline__ void write_transposed(const Tile& tile, TilePart part
   *reinterpret_cast<Pack<uint8_t, 16>*>(out_row0 + part.c * ld + gr) = q;
 }
 
+// Where block (row, col / kGegluBlock) keeps its dequantization scale: [2F / kGegluBlock, rows], so that a tile's
+// 64 rows read and write 256 contiguous bytes of scales (row-major [rows, 2F / kGegluBlock], each tile wrote one
+// float per 256-byte row and the step took 0.17 ms more per backbone layer: bench/RESULTS.md).
+__device__ __forceinline__ int64_t block_scale_index(int64_t row, int64_t col, int64_t rows) {
+  return (col / kGegluBlock) * rows + row;
+}
+
 // One kGegluBlock-element block of a merged row, held V elements per lane by the kGegluBlock / V consecutive lanes
 // of a tile row (for_each_tile_vector's layout; every lane of the warp takes part): cast to e4m3 with the block's
 // own scale into data (row stride ld elements), the block's first lane writing its dequantization scale.
 template <typename T, int V>
 __device__ __forceinline__ void write_e4m3_block(const Pack<T, V>& v, int64_t row, int64_t col, int64_t ld,
-                                                 uint8_t* data, float* inv_scale) {
+                                                 int64_t rows, uint8_t* data, float* inv_scale) {
   float m = 0.f;
 #pragma unroll
   for (int k = 0; k < V; ++k) m = fmaxf(m, fabsf(to_float(v.v[k])));
@@ -131,15 +138,15 @@ __device__ __forceinline__ void write_e4m3_block(const Pack<T, V>& v, int64_t ro
 #pragma unroll
   for (int k = 0; k < V; ++k) q.v[k] = cast_fp8<Fp8Format::kE4m3>(__fmul_rn(to_float(v.v[k]), scale));
   *reinterpret_cast<Pack<uint8_t, V>*>(data + row * ld + col) = q;
-  if (col % kGegluBlock == 0) inv_scale[row * (ld / kGegluBlock) + col / kGegluBlock] = __fdiv_rn(1.f, scale);
+  if (col % kGegluBlock == 0) inv_scale[block_scale_index(row, col, rows)] = __fdiv_rn(1.f, scale);
 }
 
 // V elements of a merged row read back from its e4m3 blocks: fp32(q) * the block's inverse scale, rounded to T.
 template <typename T, int V>
 __device__ __forceinline__ Pack<T, V> read_e4m3_block(const uint8_t* data, const float* inv_scale, int64_t row,
-                                                      int64_t col, int64_t ld) {
+                                                      int64_t col, int64_t ld, int64_t rows) {
   const Pack<uint8_t, V> q = *reinterpret_cast<const Pack<uint8_t, V>*>(data + row * ld + col);
-  const float inv = inv_scale[row * (ld / kGegluBlock) + col / kGegluBlock];
+  const float inv = inv_scale[block_scale_index(row, col, rows)];
   Pack<T, V> v;
 #pragma unroll
   for (int k = 0; k < V; ++k) {
@@ -193,10 +200,10 @@ __device__ __forceinline__ float warp_scale_from(const float* amax_in, int count
   return (amax > 0.f && isfinite(amax)) ? __fdiv_rn(fmax, amax) : 1.f;
 }
 
-// kGeglu: x is merged [rows, 2 * cols] and the value cast is geglu(merged), rounded to T as the geglu kernel
-// stores it; otherwise x is [rows, cols].
-template <typename T, Fp8Format F, bool kGeglu>
-__global__ void __launch_bounds__(kThreads) fp8_quant_kernel(const Fp8QuantParams p) {
+// The cast kernels' body. kGeglu: x is merged [rows, 2 * cols] and the value cast is geglu(merged), rounded to T as
+// the geglu kernel stores it; otherwise x is [rows, cols]. kBlocks (kGeglu only): merged also goes to p.blocks_out.
+template <typename T, Fp8Format F, bool kGeglu, bool kBlocks>
+__device__ __forceinline__ void quantize_tiles(const Fp8QuantParams& p) {
   constexpr int V = kVec<T>;  // elements per 16-byte load: 8 bf16, 4 fp32
   __shared__ float s_scale;
   __shared__ __align__(16) Tile tile;  // FP8 tile for the transposed write
@@ -224,10 +231,10 @@ __global__ void __launch_bounds__(kThreads) fp8_quant_kernel(const Fp8QuantParam
       if constexpr (kGeglu) {
         const T* row = x + gr * 2 * p.cols;
         const Pack<T, V> g = load_pack(row + gc, 0), u = load_pack(row + p.cols + gc, 0);
-        if (p.blocks_out != nullptr) {
+        if constexpr (kBlocks) {
           uint8_t* blocks = static_cast<uint8_t*>(p.blocks_out);
-          write_e4m3_block<T, V>(g, gr, gc, 2 * p.cols, blocks, p.blocks_inv_scale_out);
-          write_e4m3_block<T, V>(u, gr, p.cols + gc, 2 * p.cols, blocks, p.blocks_inv_scale_out);
+          write_e4m3_block<T, V>(g, gr, gc, 2 * p.cols, p.rows, blocks, p.blocks_inv_scale_out);
+          write_e4m3_block<T, V>(u, gr, p.cols + gc, 2 * p.cols, p.rows, blocks, p.blocks_inv_scale_out);
         }
 #pragma unroll
         for (int k = 0; k < V; ++k) v.v[k] = from_float<T>(geglu_value<T>(to_float(g.v[k]), to_float(u.v[k])));
@@ -253,6 +260,20 @@ __global__ void __launch_bounds__(kThreads) fp8_quant_kernel(const Fp8QuantParam
     }
   }
   record_amax(m, p.amax_out);
+}
+
+template <typename T, Fp8Format F, bool kGeglu>
+__global__ void __launch_bounds__(kThreads) fp8_quant_kernel(const Fp8QuantParams p) {
+  quantize_tiles<T, F, kGeglu, false>(p);
+}
+
+// The forward GeGLU cast that also writes merged's e4m3 blocks, compiled for one resident block per SM: 70 registers
+// instead of 48 (as the other casts get without a minimum), and 1.50 -> 1.38 ms per backbone layer at batch 32
+// (bench/RESULTS.md, 2026-12-02, sixth session). With lower limits its stores, which the other casts do not have,
+// wait longer; the other casts measured as fast or faster at their own register counts.
+template <typename T, Fp8Format F>
+__global__ void __launch_bounds__(kThreads, 1) fp8_geglu_blocks_quant_kernel(const Fp8QuantParams p) {
+  quantize_tiles<T, F, true, true>(p);
 }
 
 // The GeGLU backward, cast: 64 x 64 tiles of the GeGLU width, a block walking several; d gate, d up and the
@@ -295,8 +316,8 @@ __global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluB
     for_each_tile_vector<V>(at, p.rows, f, [&](int r, int c, int64_t gr, int64_t gc) {
       Pack<T, V> g, u;
       if (blocks != nullptr) {
-        g = read_e4m3_block<T, V>(blocks, bp.merged_blocks_inv_scale, gr, gc, 2 * f);
-        u = read_e4m3_block<T, V>(blocks, bp.merged_blocks_inv_scale, gr, f + gc, 2 * f);
+        g = read_e4m3_block<T, V>(blocks, bp.merged_blocks_inv_scale, gr, gc, 2 * f, p.rows);
+        u = read_e4m3_block<T, V>(blocks, bp.merged_blocks_inv_scale, gr, f + gc, 2 * f, p.rows);
       } else {
         const T* row = merged + gr * 2 * f;
         g = load_pack(row + gc, 0);
@@ -357,11 +378,13 @@ void launch_tiles(const Params& p, int64_t tiles, cudaStream_t stream) {
 template <typename T, bool kGeglu>
 void launch_quant_typed(const Fp8QuantParams& p, cudaStream_t stream) {
   const int64_t tiles = tile_count(p.rows, p.cols);
-  if (p.format == Fp8Format::kE4m3) {
-    launch_tiles<fp8_quant_kernel<T, Fp8Format::kE4m3, kGeglu>>(p, tiles, stream);
-  } else {
-    launch_tiles<fp8_quant_kernel<T, Fp8Format::kE5m2, kGeglu>>(p, tiles, stream);
+  const bool e4m3 = p.format == Fp8Format::kE4m3;
+  if (kGeglu && p.blocks_out != nullptr) {
+    if (e4m3) return launch_tiles<fp8_geglu_blocks_quant_kernel<T, Fp8Format::kE4m3>>(p, tiles, stream);
+    return launch_tiles<fp8_geglu_blocks_quant_kernel<T, Fp8Format::kE5m2>>(p, tiles, stream);
   }
+  if (e4m3) return launch_tiles<fp8_quant_kernel<T, Fp8Format::kE4m3, kGeglu>>(p, tiles, stream);
+  launch_tiles<fp8_quant_kernel<T, Fp8Format::kE5m2, kGeglu>>(p, tiles, stream);
 }
 
 template <typename T>

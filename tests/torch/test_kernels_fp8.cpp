@@ -474,14 +474,14 @@ TEST_CASE("GeGLU inputs in e4m3 blocks: one scale per 64 elements of a row, read
   const k::GegluBlocks b = k::geglu_blocks_like(merged);
   k::geglu_blocks_quantize_ref(merged, b);
   REQUIRE(b.data.sizes() == torch::IntArrayRef({rows, 2 * f}));
-  REQUIRE(b.inv_scale.sizes() == torch::IntArrayRef({rows, 2 * f / k::kGegluBlock}));
+  REQUIRE(b.inv_scale.sizes() == torch::IntArrayRef({2 * f / k::kGegluBlock, rows}));
   const auto blocks = merged.reshape({rows, 2 * f / k::kGegluBlock, k::kGegluBlock});
   const auto amax = blocks.abs().amax(-1);
   const auto q = b.data.to(torch::kFloat32).reshape(blocks.sizes());
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < 2 * f / k::kGegluBlock; ++j) {
       INFO("row " << r << " block " << j);
-      const float a = amax[r][j].item<float>(), inv = b.inv_scale[r][j].item<float>();
+      const float a = amax[r][j].item<float>(), inv = b.inv_scale[j][r].item<float>();
       if (a == 0) {
         CHECK(inv == 1.0f);  // an all-zero block keeps scale 1
         CHECK(q[r][j].abs().max().item<float>() == 0.0f);
