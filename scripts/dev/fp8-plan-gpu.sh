@@ -7,7 +7,9 @@
 #
 #   bash scripts/pack-deps.sh; mkdir -p .ref && cp <pi05_torch_reference.py> .ref/
 #   device run: command "bash scripts/dev/fp8-plan-gpu.sh", carry [".deps", ".ref"]   (~8 min on one H200, built)
-# Options (environment): BUDGET (57), STEPS (14), REF (1: run the reference), ARCHS (9.0), PLAN_FLAGS (extra
+# Options (environment): BUDGET (57), STEPS (14), TIMING_WARMUP (3: the first steps each run leaves out of its
+# median; FP8 steps alternate by up to 25 ms over the first ~15 steps, so 10 of 40 measures the steady state),
+# REF (1: run the reference), ARCHS (9.0), PLAN_FLAGS (extra
 # `vlatune plan` flags, e.g. "--fp8-include paligemma_with_expert.paligemma.model.vision_tower"),
 # SAVED_GEGLU_INPUTS (the recipes' fp8.saved_geglu_inputs, e.g. "e4m3-blocks"), GATE_STEPS (0; N > 0: the planned
 # recipe and the default bf16 recipe train N steps from the same weights and data, peak lr after 20 steps, and
@@ -22,6 +24,7 @@ out="${OUT:-$root/out}"
 mkdir -p "$out"
 budget="${BUDGET:-57}"
 steps="${STEPS:-14}"
+timing_warmup="${TIMING_WARMUP:-3}"
 t0=$(date +%s)
 el() { echo "[$(($(date +%s) - t0)) s]"; }
 source scripts/dev/gpu-build.sh
@@ -65,7 +68,7 @@ for name in planned shipped; do
   [ -f "$out/$name.json" ] || continue
   rm -rf "/tmp/fp8-$name"
   timeout 240 $v train --config full --data synthetic --recipe "$out/$name.json" --steps "$steps" --seed 0 \
-    --timing-warmup 3 --max-memory "$budget" --out "/tmp/fp8-$name" --no-progress --log-every 5 --no-save \
+    --timing-warmup "$timing_warmup" --max-memory "$budget" --out "/tmp/fp8-$name" --no-progress --log-every 5 --no-save \
     >"$out/train_$name.log" 2>&1
   echo "$(el) $name exit $?: $(tail -1 "$out/train_$name.log")"
   cp "/tmp/fp8-$name/run.json" "$out/run_$name.json" 2>/dev/null
@@ -86,7 +89,7 @@ PY
     grep RESULT "$out/reference_trim.log" | sed 's/^RESULT //' >"$out/reference_trim.jsonl"
   fi
   timeout 240 $v train --config full --data /tmp/trim-data --recipe "$out/trimmed.json" --steps "$steps" --seed 0 \
-    --timing-warmup 3 --max-memory "$budget" --out /tmp/fp8-trimmed --no-progress --log-every 5 --no-save \
+    --timing-warmup "$timing_warmup" --max-memory "$budget" --out /tmp/fp8-trimmed --no-progress --log-every 5 --no-save \
     >"$out/train_trimmed.log" 2>&1
   echo "$(el) trimmed exit $?: $(tail -1 "$out/train_trimmed.log")"
   cp /tmp/fp8-trimmed/run.json "$out/run_trimmed.json" 2>/dev/null
