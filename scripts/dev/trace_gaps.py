@@ -1,44 +1,72 @@
-# GPU idle gaps in a vlatune trace.json.gz: per traced step window, the total idle time, and the largest gaps with
-# the kernels around them and the host scope open at the gap's start.
-import gzip, json, sys, bisect, collections
+# GPU idle gaps in a vlatune trace.json.gz (`vlatune profile --trace-steps N`): the idle time over the traced window,
+# split into gaps where the GPU waited for the host (the next kernel's launch call ended after the previous kernel
+# ended: the host was behind) and gaps on the device side (the launch was queued in time), with the modules the
+# waiting kernels belong to and the largest single gaps.
+#   python3 scripts/dev/trace_gaps.py DIR/trace.json.gz
+# Device events are the kernels, memsets and copies (cat kernel / gpu_memset / gpu_memcpy); host events the CUDA
+# runtime and driver calls, matched to their kernels by the "correlation" argument both carry.
+import collections
+import gzip
+import json
+import sys
+
 path = sys.argv[1]
 ev = json.load(gzip.open(path) if path.endswith(".gz") else open(path))["traceEvents"]
-dev = sorted([e for e in ev if e.get("ph") == "X" and e.get("pid") == 2], key=lambda e: e["ts"])
-host = sorted([e for e in ev if e.get("ph") == "X" and e.get("pid") == 1], key=lambda e: e["ts"])
-print("device events", len(dev), "host scopes", len(host))
-# merge device intervals
+DEVICE = ("kernel", "gpu_memset", "gpu_memcpy")
+dev = sorted([e for e in ev if e.get("ph") == "X" and e.get("cat") in DEVICE], key=lambda e: e["ts"])
+launch = {(e.get("args") or {}).get("correlation"): e
+          for e in ev if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")}
+steps = [e for e in ev if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep")]
+if not dev:
+    sys.exit("trace_gaps: no kernel, memset or copy events in " + path)
+print(f"device events {len(dev)}, launch calls {len(launch)}, traced steps {len(steps)}")
+
+# Merged busy intervals: [start, end, first event, last event].
 iv = []
 for e in dev:
     s, t = e["ts"], e["ts"] + e.get("dur", 0)
     if iv and s <= iv[-1][1]:
-        if t > iv[-1][1]: iv[-1][1] = t; iv[-1][3] = e
+        if t > iv[-1][1]:
+            iv[-1][1], iv[-1][3] = t, e
     else:
         iv.append([s, t, e, e])
-gaps = [(iv[i + 1][0] - iv[i][1], iv[i][1], iv[i][3], iv[i + 1][2]) for i in range(len(iv) - 1)]
 span = iv[-1][1] - iv[0][0]
 busy = sum(t - s for s, t, _, _ in iv)
-print(f"span {span/1e3:.1f} ms, busy {busy/1e3:.1f} ms, idle {(span-busy)/1e3:.1f} ms")
-big = [g for g in gaps if g[0] > 2000]
-print("gaps > 2 ms (between steps?):", [round(g[0] / 1e3, 1) for g in big])
-small = [g for g in gaps if g[0] <= 2000]
-print(f"idle inside steps (gaps <= 2 ms): {sum(g[0] for g in small)/1e3:.2f} ms in {len(small)} gaps")
-starts = [h["ts"] for h in host]
-def open_scopes(ts):
-    out = []
-    for h in host:
-        if h["ts"] <= ts <= h["ts"] + h.get("dur", 0): out.append(h["name"])
-    return out[-3:]
-by_phase = collections.Counter()
-by_pair = collections.Counter()
-for g, ts, a, b in small:
-    ph = (b.get("args") or {}).get("phase", "?")
-    by_phase[ph] += g
-    key = ((a.get("args") or {}).get("module", "?")[-50:], a["name"][:60], "->", (b.get("args") or {}).get("module", "?")[-50:], b["name"][:60])
-    by_pair[key] += g
-print("idle by phase of the next kernel (ms):", {k: round(v / 1e3, 2) for k, v in by_phase.items()})
-print("top gap sites (total ms over traced steps):")
-for k, v in by_pair.most_common(25):
-    print(f"  {v/1e3:7.3f}  {k}")
+print(f"span {span / 1e3:.1f} ms, busy {busy / 1e3:.1f} ms, idle {(span - busy) / 1e3:.2f} ms "
+      f"(the last step may be cut where its host scope ended)")
+
+
+def module(e):
+    return (e.get("args") or {}).get("module", "?")
+
+
+def phase(e):
+    return (e.get("args") or {}).get("phase", "?")
+
+
+host_bound = collections.Counter()
+device_side = collections.Counter()
+sizes = collections.Counter()
+gaps = []
+for i in range(len(iv) - 1):
+    before, after = iv[i][3], iv[i + 1][2]
+    gap = iv[i + 1][0] - iv[i][1]
+    call = launch.get((after.get("args") or {}).get("correlation"))
+    waited_for_host = call is not None and call["ts"] + call.get("dur", 0) > iv[i][1]
+    key = (module(after)[-60:], phase(after))
+    (host_bound if waited_for_host else device_side)[key] += gap
+    sizes[min(int(gap) // 5 * 5, 50)] += 1
+    gaps.append((gap, waited_for_host, before, after))
+print(f"idle where the GPU waited for the host: {sum(host_bound.values()) / 1e3:.2f} ms; "
+      f"device side (launch queued in time): {sum(device_side.values()) / 1e3:.2f} ms in {len(gaps)} gaps")
+print("gap sizes (us, 5-us buckets, 50 = 50 and more): count", sorted(sizes.items()))
+print("waited for the host, by the next kernel's module (ms):")
+for (m, ph), v in host_bound.most_common(15):
+    print(f"  {v / 1e3:7.3f}  {m} ({ph})")
+print("device side, by the next kernel's module (ms):")
+for (m, ph), v in device_side.most_common(10):
+    print(f"  {v / 1e3:7.3f}  {m} ({ph})")
 print("largest single gaps:")
-for g, ts, a, b in sorted(small, key=lambda x: -x[0])[:15]:
-    print(f"  {g/1e3:7.3f} ms  after {a['name'][:50]} ({(a.get('args') or {}).get('module','?')[-40:]})  before {b['name'][:50]} ({(b.get('args') or {}).get('module','?')[-40:]}) host: {open_scopes(ts)}")
+for gap, host, a, b in sorted(gaps, key=lambda g: -g[0])[:15]:
+    print(f"  {gap / 1e3:7.3f} ms {'host  ' if host else 'device'} after {a['name'][:40]} ({module(a)[-40:]}) "
+          f"before {b['name'][:40]} ({module(b)[-40:]})")
