@@ -58,11 +58,10 @@ struct Fp8QuantParams {
 
 // The GeGLU input kept for the backward in e4m3 blocks (recipe fp8.saved_geglu_inputs "e4m3-blocks"): merged
 // [rows, 2F] as e4m3 [rows, 2F] (contiguous) and one fp32 dequantization scale per kGegluBlock consecutive
-// elements of a row, [2F / kGegluBlock, rows] (block column major: a cast tile's 64 rows of one block column are 256
-// contiguous bytes). A block's scale = 448 / max |block| (1 when that is 0 or not
-// finite), its cast as the tensorwise one (x * scale, round to nearest even, saturating); the value read back is
-// fp32(q) * (1 / scale) rounded to merged's dtype. F must be a multiple of kGegluBlock: a block is one cast tile's
-// row.
+// elements of a row, [2F / kGegluBlock, rows] (block column major: the scales of a cast tile's 64 rows are 256
+// contiguous bytes). A block's scale = 448 / max |block| (1 when that is 0 or not finite), its cast as the
+// tensorwise one (x * scale, round to nearest even, saturating); the value read back is fp32(q) * (1 / scale)
+// rounded to merged's dtype. F must be a multiple of kGegluBlock: a block is one cast tile's row.
 constexpr int kGegluBlock = 64;
 
 bool fp8_quantize_supported(int64_t rows, int64_t cols);

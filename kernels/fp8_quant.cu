@@ -269,9 +269,9 @@ __global__ void __launch_bounds__(kThreads) fp8_quant_kernel(const Fp8QuantParam
 }
 
 // The forward GeGLU cast that also writes merged's e4m3 blocks, compiled for one resident block per SM: 70 registers
-// instead of 48 (as the other casts get without a minimum), and 1.50 -> 1.38 ms per backbone layer at batch 32
-// (bench/RESULTS.md, 2026-12-02, sixth session). With lower limits its stores, which the other casts do not have,
-// wait longer; the other casts measured as fast or faster at their own register counts.
+// instead of the 48 the compiler picks without that bound, and 1.50 -> 1.38 ms per backbone layer at batch 32
+// (bench/RESULTS.md, 2026-12-02, sixth session). The other casts keep the compiler's choice (30-48 registers): the
+// bound made them no faster or slower there.
 template <typename T, Fp8Format F>
 __global__ void __launch_bounds__(kThreads, 1) fp8_geglu_blocks_quant_kernel(const Fp8QuantParams p) {
   quantize_tiles<T, F, true, true>(p);
