@@ -530,6 +530,27 @@ TEST_CASE("the cost model fits the batch and calibrates with the A/B rows", "[tu
   CHECK(saved / kGiB == Approx(20.6).epsilon(1e-6));
 }
 
+TEST_CASE("a step time that does not grow with the batch within the timed steps' spread is modelled flat",
+          "[tuner][cost]") {
+  // An overhead-bound step (the tiny config on a CPU): the smaller batch's median came out 0.8 ms slower, inside the
+  // larger batch's samples (764.6-768.0 ms).
+  json j = synthetic_json();
+  j["batches"][1]["step_ms"] = 766.5;
+  j["batches"][1]["step_ms_samples"] = {766.1, 766.5, 767.0};
+  const CostModel m = build_cost_model(formats::parse_profile(j, "profile.json"), "profile.json");
+  CHECK(m.step_ms.at(16) == Approx(m.step_ms.at(32)));
+  CHECK(m.step_ms.at(32) == Approx(765.73).epsilon(1e-4));
+  CHECK(std::any_of(m.notes.begin(), m.notes.end(), [](const std::string& n) {
+    return n.find("within the timed steps' spread (3.40 ms)") != std::string::npos;
+  }));
+  // Beyond the spread it still cannot be extrapolated, and the error says by how much it may differ.
+  j["batches"][1]["step_ms"] = 770.0;
+  j["batches"][1]["step_ms_samples"] = {769.5, 770.0, 770.5};
+  const auto e = format_error_of(j);
+  CHECK(e.json_path() == "$.batches[1].step_ms");
+  CHECK_THAT(e.what(), Catch::Contains("by more than the timed steps' spread (3.40 ms)"));
+}
+
 TEST_CASE("fit_linear extrapolates two batches and falls back to proportional", "[tuner][cost]") {
   const LinearFit f = fit_linear(32, 770, 16, 400);
   CHECK(f.per_sample == Approx(23.125));
