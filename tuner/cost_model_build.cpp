@@ -146,9 +146,9 @@ void fit_batches(CostModel& m) {
       const double spread = std::max(sample_spread(b0.step_ms_samples), sample_spread(b1.step_ms_samples));
       if (b1.step_ms - b0.step_ms > spread)
         fail(m, "$.batches[1].step_ms",
-             fixed(b1.step_ms, 2) + " ms at batch " + std::to_string(b1.batch) + " is not below " +
-                 fixed(b0.step_ms, 2) + " ms at batch " + std::to_string(b0.batch) + " by more than the timed steps' " +
-                 "spread (" + fixed(spread, 2) + " ms): the step time must grow with the batch to be extrapolated");
+             fixed(b1.step_ms, 2) + " ms at batch " + std::to_string(b1.batch) + " is above " + fixed(b0.step_ms, 2) +
+                 " ms at batch " + std::to_string(b0.batch) + " by more than the timed steps' " + "spread (" +
+                 fixed(spread, 2) + " ms): the step time must grow with the batch to be extrapolated");
       m.notes.push_back("the step took " + fixed(b1.step_ms, 2) + " ms at batch " + std::to_string(b1.batch) + " and " +
                         fixed(b0.step_ms, 2) + " ms at batch " + std::to_string(b0.batch) +
                         ", within the timed steps' spread (" + fixed(spread, 2) +
