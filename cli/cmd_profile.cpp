@@ -140,6 +140,15 @@ static int profile(const ProfileOptions& o, std::ostream& caller_log) {
     if (cuda) torch::cuda::synchronize();
     return outcome.wait_ms;  // the data source's wait, as `vlatune train` logs it (~0 for synthetic data)
   };
+  if (!dist) {
+    // The trainer's own step timing (queued before the previous step is read), so plans predict `vlatune train`.
+    driver.run_timed_steps = [&](int64_t first, int64_t n) {
+      std::vector<std::pair<double, double>> out;
+      for (const trainer::TimedStep& t : trainer::run_timed_steps(parts, first, n, topt.lr, topt.clip_norm))
+        out.emplace_back(t.ms, t.wait_ms);
+      return out;
+    };
+  }
   driver.forward_only = [&](int64_t step) {
     double wait = 0;
     auto batch = parts.source->next(step, &wait);

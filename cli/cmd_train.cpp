@@ -29,6 +29,7 @@ struct TrainCliOptions {
   bool no_progress = false;
   bool no_save = false;
   bool no_tensorboard = false;
+  bool no_step_overlap = false;
 };
 
 // The flags given with --resume that it cannot take, refused all at once.
@@ -65,6 +66,7 @@ int run_train(TrainCliOptions& o, CLI::App& cmd, Context& ctx) {
   if (o.no_progress) t.progress_bar = false;
   if (o.no_save) t.save = false;
   if (o.no_tensorboard) t.tensorboard = false;
+  if (o.no_step_overlap) t.overlap_steps = false;
   try {
     auto summary = trainer::run_training(t, ctx.out);
     return summary.interrupted ? 130 : kExitOk;
@@ -160,6 +162,9 @@ void setup_train(CLI::App& app, Context& ctx) {
   cmd->add_flag("--no-tensorboard", o->no_tensorboard,
                 "Write no TensorBoard event file (by default events.out.tfevents.* beside metrics.jsonl holds "
                 "the same scalars: tensorboard --logdir RUN_DIR)");
+  cmd->add_flag("--no-step-overlap", o->no_step_overlap,
+                "Read each step's loss and gradient norm before queuing the next (by default the next step is "
+                "queued first, so the GPU does not wait for the host between steps; the results are the same)");
   cmd->add_option("--eval-data", t.eval_data,
                   "Held-out packed dataset (data import --val-episodes: OUT/val): evaluation rows in metrics.jsonl, "
                   "as vlatune eval computes them")

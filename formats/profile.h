@@ -15,7 +15,8 @@
 //
 // Units: times in ms per optimizer step (GPU kernel time when device is "cuda", host time of ATen ops inside
 // scopes when "cpu"), sizes in bytes (integers) or GiB (2^30 bytes, floating). Per-step figures are means over
-// the traced steps; `step_ms` and `data_wait_ms` are medians of untraced, timed steps.
+// the traced steps; `step_ms` and `data_wait_ms` are medians of untraced, timed steps, run as `vlatune train` runs
+// them (on one process each queued before the previous one is read).
 //
 // batches[i] (at least one; batches[0] is the requested batch, further ones are smaller, for extrapolation):
 //   batch             micro-batch profiled (>= 1)
@@ -57,7 +58,8 @@
 // median GPU times (forward, grad_input, grad_weight); fp8 = null when FP8 was not measured (e.g. CPU or a dim
 // not divisible by 16); quant_ms: the FP8 quantization cost per step for this GEMM as the trainer runs it.
 //
-// overhead: untraced vs traced median step time; fraction = traced / untraced - 1.
+// overhead: untraced vs traced median step time, both read step by step (a traced step does not overlap the next);
+// fraction = traced / untraced - 1.
 // communication (multi-GPU only; `vlatune profile` under `vlatune launch --nproc N`, profiler/comm_stats.h):
 //   world_size (>= 2); groups[] in launch order: name, bytes all-reduced per step, allreduce_ms (NCCL kernel time
 //   per step, median over the traced steps); allreduce_gbps: bus bandwidth sum(bytes) x 2 (n-1)/n / sum(ms);

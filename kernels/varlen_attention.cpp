@@ -280,9 +280,9 @@ VarlenLayout joint_varlen_layout(const at::Tensor& valid, int64_t prefix_len, bo
   if (prefix_queries) {
     key_counts = at::stack({lp, lp + s}, 1).reshape({2 * b});
     capacity = 2 * b * p + b * s;
-    layout.cu_q = at::cat({(first_row + at::tensor({int64_t{0}, p}, longs).unsqueeze(0)).reshape({2 * b}),
-                           at::full({1}, b * n, longs)})
-                      .to(at::kInt);
+    layout.cu_q =
+        at::cat({(first_row + (at::arange(2, longs) * p).unsqueeze(0)).reshape({2 * b}), at::full({1}, b * n, longs)})
+            .to(at::kInt);
     layout.max_q = std::max(p, s);
   } else {
     key_counts = lp + s;

@@ -5,6 +5,8 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -20,6 +22,12 @@ struct Pi05Batch {
   torch::Tensor actions;      // [B, H, action_dim] float (normalized, zero-padded)
   torch::Tensor noise;        // [B, H, action_dim] float
   torch::Tensor time;         // [B] float in [0.001, 1]
+  // What the exact shortcuts read from the masks (apply_input_shortcuts), where the batch's maker knows it on the
+  // host (a loader knows its cameras and prompt lengths before it copies them): the shortcuts then read no mask
+  // back from the device, so a step can be queued while the previous one still runs. Each must equal what the
+  // masks say; unset: the masks are read.
+  std::optional<std::vector<bool>> used_slots;  // per slot: image_masks[:, s].any()
+  std::optional<int64_t> text_used;             // the last true column of token_masks + 1 (0: none)
 };
 
 // Every tensor of the batch, in declaration order, for code that treats them alike (moves, copies, shape keys).

@@ -179,25 +179,52 @@ torch::Tensor time_embedding(const torch::Tensor& t, int64_t dim, double min_per
 Pi05Batch apply_input_shortcuts(const Pi05Batch& batch, const ForwardOptions& options) {
   Pi05Batch out = batch;
   if (options.prune_slots && batch.image_masks.defined() && batch.image_masks.size(1) > 0) {
-    auto any = batch.image_masks.any(0).to(torch::kCPU);
-    std::vector<int64_t> kept;
-    for (int64_t s = 0; s < any.size(0); ++s)
-      if (any[s].item<bool>()) kept.push_back(s);
-    if (static_cast<int64_t>(kept.size()) < batch.image_masks.size(1)) {
-      auto index = torch::tensor(kept, torch::TensorOptions().dtype(torch::kLong)).to(batch.images.device());
-      out.images = batch.images.index_select(1, index);
-      out.image_masks = batch.image_masks.index_select(1, index);
+    const int64_t slots = batch.image_masks.size(1);
+    std::vector<bool> used;
+    if (batch.used_slots) {
+      used = *batch.used_slots;
+      if (static_cast<int64_t>(used.size()) != slots)
+        throw std::invalid_argument("Pi05: the batch's used_slots names " + std::to_string(used.size()) +
+                                    " slots, its image_masks have " + std::to_string(slots));
+    } else {
+      const torch::Tensor any = batch.image_masks.any(0).to(torch::kCPU);
+      for (int64_t s = 0; s < slots; ++s) used.push_back(any[s].item<bool>());
     }
+    std::vector<int64_t> kept;
+    for (int64_t s = 0; s < slots; ++s)
+      if (used[static_cast<size_t>(s)]) kept.push_back(s);
+    if (static_cast<int64_t>(kept.size()) < slots) {
+      const int64_t n = static_cast<int64_t>(kept.size());
+      if (n > 0 && kept.back() == n - 1) {  // the first n slots: a view, nothing copied to the device
+        out.images = batch.images.narrow(1, 0, n);
+        out.image_masks = batch.image_masks.narrow(1, 0, n);
+      } else {
+        // From pinned memory, so the copy is queued without waiting for the device.
+        torch::Tensor index = torch::tensor(kept, torch::TensorOptions().dtype(torch::kLong));
+        if (batch.images.is_cuda()) index = index.pin_memory();
+        index = index.to(batch.images.device(), /*non_blocking=*/true);
+        out.images = batch.images.index_select(1, index);
+        out.image_masks = batch.image_masks.index_select(1, index);
+      }
+    }
+    out.used_slots = std::vector<bool>(kept.size(), true);
   }
   if (options.trim_text && batch.tokens.defined() && batch.tokens.size(1) > 0) {
-    auto any = batch.token_masks.any(0).to(torch::kCPU);
     int64_t last = 0;  // last true index + 1
-    const auto* flags = any.data_ptr<bool>();
-    for (int64_t j = any.size(0); j > 0; --j)
-      if (flags[j - 1]) {
-        last = j;
-        break;
-      }
+    if (batch.text_used) {
+      last = *batch.text_used;
+      if (last < 0 || last > batch.tokens.size(1))
+        throw std::invalid_argument("Pi05: the batch's text_used " + std::to_string(last) + " is outside [0, " +
+                                    std::to_string(batch.tokens.size(1)) + "]");
+    } else {
+      const torch::Tensor any = batch.token_masks.any(0).to(torch::kCPU);
+      const auto* flags = any.data_ptr<bool>();
+      for (int64_t j = any.size(0); j > 0; --j)
+        if (flags[j - 1]) {
+          last = j;
+          break;
+        }
+    }
     const int64_t multiple = std::max<int64_t>(1, options.trim_multiple);
     int64_t keep = std::min<int64_t>(batch.tokens.size(1), (last + multiple - 1) / multiple * multiple);
     keep = std::max<int64_t>(keep, 1);
@@ -205,6 +232,7 @@ Pi05Batch apply_input_shortcuts(const Pi05Batch& batch, const ForwardOptions& op
       out.tokens = batch.tokens.narrow(1, 0, keep);
       out.token_masks = batch.token_masks.narrow(1, 0, keep);
     }
+    out.text_used = last;
   }
   return out;
 }
@@ -223,7 +251,7 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
   static const std::string inputs_scope_name = profiler::kInputsScope;
   std::optional<profiler::Scope> inputs_scope(std::in_place, inputs_scope_name);
 
-  // 1. Exact shortcuts: decided once per step on the host (the only host syncs of the forward).
+  // 1. Exact shortcuts, decided on the host (the forward's only host syncs where the batch carries no summary).
   const Pi05Batch shortcut = apply_input_shortcuts(batch, options);
   const torch::Tensor &images = shortcut.images, &image_masks = shortcut.image_masks;
   const torch::Tensor &tokens = shortcut.tokens, &token_masks = shortcut.token_masks;

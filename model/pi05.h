@@ -138,9 +138,11 @@ class Pi05Impl : public ScopedModule {
 TORCH_MODULE(Pi05);
 
 // The batch after ForwardOptions' exact shortcuts (prune_slots, trim_text): empty camera slots dropped, the text
-// cut to the longest real prompt rounded up to trim_multiple; the other tensors shared. Syncs the host once per
-// shortcut that is on (the masks are read). Pi05Impl::forward applies it first; a caller that runs the forward
-// without host syncs (a captured CUDA graph) applies it itself and turns both options off.
+// cut to the longest real prompt rounded up to trim_multiple; the other tensors shared. Decided on the host from
+// the batch's used_slots / text_used where set, else from the masks read back (a host sync per shortcut that is
+// on); a summary that does not fit the tensors' sizes throws std::invalid_argument. Pi05Impl::forward applies it
+// first; a caller that runs the forward without host syncs (a captured CUDA graph) applies it itself and turns
+// both options off.
 Pi05Batch apply_input_shortcuts(const Pi05Batch& batch, const ForwardOptions& options);
 
 // Sinusoidal time embedding (spec §4.1): periods min_period * (max/min)^(k/(half-1)), sines first. t [B] -> [B, dim],

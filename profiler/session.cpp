@@ -101,6 +101,7 @@ struct Timed {
   std::vector<double> ms;
   std::vector<double> data_wait_ms;  // what run_step reported, one per entry of ms
   double peak_gib = 0;
+  std::vector<double> read_each_ms;  // with read_each: the same number of run_step calls (the overhead baseline)
 };
 
 class Session {
@@ -115,7 +116,9 @@ class Session {
   formats::Profile run();
 
  private:
-  Timed time_steps(int64_t warmup, int64_t n);
+  // `warmup` untimed steps, then `n` timed ones (StepDriver::run_timed_steps where set); `read_each`: then `n` more
+  // run_step calls timed by the host clock (Timed::read_each_ms).
+  Timed time_steps(int64_t warmup, int64_t n, bool read_each = false);
   formats::BatchProfile profile_batch(int64_t batch, bool first, TraceData* trace_out, double* traced_ms);
   std::unique_ptr<Tracer> make_tracer();
   std::map<std::string, int64_t> probe_output_bytes();
@@ -134,18 +137,37 @@ class Session {
   std::string tracer_kind_ = "none";
   std::vector<std::string> degraded_;
   std::optional<formats::Communication> communication_;
+  double read_each_ms_ = 0.0;  // the requested batch's untraced steps read one by one (the overhead baseline)
 };
 
-Timed Session::time_steps(int64_t warmup, int64_t n) {
+Timed Session::time_steps(int64_t warmup, int64_t n, bool read_each) {
   Timed t;
   for (int64_t i = 0; i < warmup; ++i) driver_.run_step(next_step_++);
   memory_.reset_peak();
-  for (int64_t i = 0; i < n; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    t.data_wait_ms.push_back(driver_.run_step(next_step_++));
-    t.ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  auto host_timed = [&](std::vector<double>* ms, std::vector<double>* wait_ms) {
+    for (int64_t i = 0; i < n; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const double wait = driver_.run_step(next_step_++);
+      ms->push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      if (wait_ms != nullptr) wait_ms->push_back(wait);
+    }
+  };
+  if (driver_.run_timed_steps) {
+    for (const auto& [ms, wait] : driver_.run_timed_steps(next_step_, n)) {
+      t.ms.push_back(ms);
+      t.data_wait_ms.push_back(wait);
+    }
+    next_step_ += n;
+  } else {
+    host_timed(&t.ms, &t.data_wait_ms);
   }
   t.peak_gib = memory_.peak_gib();
+  if (read_each) {
+    if (driver_.run_timed_steps)
+      host_timed(&t.read_each_ms, nullptr);
+    else
+      t.read_each_ms = t.ms;
+  }
   return t;
 }
 
@@ -162,7 +184,8 @@ formats::BatchProfile Session::profile_batch(int64_t batch, bool first, TraceDat
   driver_.set_batch(batch);
   log_ << "profile: batch " << batch << ": " << opt_.warmup << " warm-up + " << opt_.timed_steps << " timed steps"
        << std::endl;
-  const Timed timed = time_steps(opt_.warmup, opt_.timed_steps);
+  const Timed timed = time_steps(opt_.warmup, opt_.timed_steps, /*read_each=*/first);
+  if (first) read_each_ms_ = median(timed.read_each_ms);
   b.step_ms_samples = timed.ms;
   b.step_ms = median(timed.ms);
   b.data_wait_ms_samples = timed.data_wait_ms;
@@ -485,7 +508,8 @@ formats::Profile Session::run() {
     }
   }
   formats::BatchProfile& b0 = p.batches.front();
-  if (tracer_kind_ != "none") p.overhead = formats::Overhead{b0.step_ms, traced_ms};
+  // Both read step by step: the traced steps cannot overlap (each step's kernels are attributed to it).
+  if (tracer_kind_ != "none") p.overhead = formats::Overhead{read_each_ms_, traced_ms};
 
   // At the requested batch: output bytes of recomputable units, recompute A/B, GEMM inventory.
   driver_.set_batch(b0.batch);

@@ -28,6 +28,11 @@ struct StepDriver {
   // Returns the step's data wait: ms the step blocked waiting for its batch (summed over micro-batches, >= 0; what
   // metrics.jsonl's data_wait_ms holds), so profile.json can tell an input-bound step from a slow model.
   std::function<double(int64_t step)> run_step;
+  // Optional: steps [first, first + n) as the trainer runs them (each queued before the previous one is read),
+  // each step's {ms, data wait ms}. Set: the timed untraced steps and the recompute A/B rows are timed by it
+  // (step_ms is then the trainer's step), and the tracer overhead compares traced steps with as many untraced
+  // run_step calls (both read step by step). Unset: run_step timed by the host clock for all of them.
+  std::function<std::vector<std::pair<double, double>>(int64_t first, int64_t n)> run_timed_steps;
   // The forward of `step` with autograd on, result dropped (memory probes).
   std::function<void(int64_t step)> forward_only;
   // Switches the micro-batch (data source, ...).

@@ -140,10 +140,15 @@ std::unique_ptr<TrainEvaluation> TrainEvaluation::open(const TrainOptions& opt, 
 TrainEvaluation::TrainEvaluation(std::unique_ptr<Evaluator> evaluator, int64_t every, int64_t sample_steps)
     : evaluator_(std::move(evaluator)), every_(every), sample_steps_(sample_steps) {}
 
+bool TrainEvaluation::due(int64_t step, int64_t total_steps) const {
+  const int64_t done = step + 1;
+  return done == total_steps || (every_ > 0 && done % every_ == 0);
+}
+
 std::optional<formats::EvalRow> TrainEvaluation::after_step(int64_t step, int64_t total_steps, model::Pi05Impl& model,
                                                             std::ostream& log) {
+  if (!due(step, total_steps)) return std::nullopt;
   const int64_t done = step + 1;
-  if (done != total_steps && (every_ == 0 || done % every_ != 0)) return std::nullopt;
   const EvalResult r = evaluator_->run(model);
   log << "eval after step " << done << "/" << total_steps << " | loss " << std::setprecision(6) << r.loss
       << " | action MAE " << std::setprecision(4) << r.action_mae << " RMSE " << r.action_rmse << " (real units, "

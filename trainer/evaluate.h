@@ -96,6 +96,8 @@ class TrainEvaluation {
   // returns its row; else nothing.
   std::optional<formats::EvalRow> after_step(int64_t step, int64_t total_steps, model::Pi05Impl& model,
                                              std::ostream& log);
+  // Whether after_step(step, total_steps, ...) evaluates.
+  bool due(int64_t step, int64_t total_steps) const;
 
   TrainEvaluation(std::unique_ptr<Evaluator> evaluator, int64_t every, int64_t sample_steps);
 

@@ -2,6 +2,7 @@
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
@@ -212,6 +213,13 @@ model::Pi05Batch DatasetLoader::next(int64_t step, double* wait_ms) {
   b.tokens = tokens.to(torch::kLong) * b.token_masks.to(torch::kLong);
   b.actions = torch::zeros({batch_, horizon_, cfg_.action_dim}, actions.options());
   b.actions.narrow(2, 0, l.action_dim).copy_(actions);
+  // The masks' summary from the host copy (the slot is ours until give_back), so the shortcuts read nothing back.
+  b.used_slots.emplace();
+  for (int64_t s = 0; s < options_.slots; ++s) b.used_slots->push_back(s < l.cameras);
+  const int32_t* host_lengths = slot.lengths.data_ptr<int32_t>();
+  int64_t longest = 0;
+  for (int64_t i = 0; i < batch_; ++i) longest = std::max<int64_t>(longest, host_lengths[i]);
+  b.text_used = std::min<int64_t>(l.text_len, longest);
   {
     std::lock_guard<std::mutex> lock(gen_.mutex());
     gen_.set_current_seed(derive_seed(seed_, RngStream::kNoiseTime, static_cast<uint64_t>(step)));

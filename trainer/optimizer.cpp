@@ -149,10 +149,20 @@ kernels::AdamwParams AdamW::next_update(double lr) const {
   return hp;
 }
 
-torch::Tensor AdamW::queue_update(double lr, double max_grad_norm, bool device_schedule) {
+torch::Tensor AdamW::queue_update(double lr, double max_grad_norm, bool device_schedule,
+                                  const torch::Tensor& in_flight_norm) {
   if (params_.empty()) return torch::Tensor();
   torch::NoGradGuard no_grad;
   const torch::Device device = params_.front().device();
+  int64_t in_flight_updates = 0;  // the previous update, where it counts and the host can tell at no cost
+  if (in_flight_norm.defined()) {
+    if (device.is_cuda()) {
+      write_device_schedule(lr, in_flight_norm);
+      device_schedule = true;
+    } else {
+      in_flight_updates = std::isfinite(in_flight_norm.item<double>()) ? 1 : 0;
+    }
+  }
   if (device_schedule && !device.is_cuda())
     throw std::invalid_argument("adamw: a device schedule needs CUDA parameters, these are on " + device.str());
   if (device_schedule && !schedule_device_.defined())
@@ -192,6 +202,7 @@ torch::Tensor AdamW::queue_update(double lr, double max_grad_norm, bool device_s
   coef = torch::where(torch::isfinite(norm), coef, std::numeric_limits<double>::quiet_NaN());
 
   kernels::AdamwParams hp = next_update(lr);
+  hp.step += in_flight_updates;
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     Group& group = groups_[gi];
     std::vector<torch::Tensor> group_grads;
@@ -210,36 +221,51 @@ torch::Tensor AdamW::queue_update(double lr, double max_grad_norm, bool device_s
   return norm;
 }
 
-void AdamW::write_device_schedule(double lr) {
+void AdamW::write_device_schedule(double lr, const torch::Tensor& in_flight_norm) {
   if (params_.empty()) return;
   const torch::Device device = params_.front().device();
   if (!device.is_cuda())
     throw std::invalid_argument("adamw: a device schedule needs CUDA parameters, these are on " + device.str());
   const int64_t groups = static_cast<int64_t>(groups_.size());
   if (!schedule_device_.defined()) {
-    schedule_device_ = torch::empty({groups, 3}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
-    schedule_host_ = torch::empty({groups, 3}, torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(true));
+    const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+    schedule_device_ = torch::empty({groups, 3}, f32.device(device));
+    schedule_choices_ = torch::empty({2, groups, 3}, f32.device(device));
+    for (torch::Tensor& host : schedule_host_) host = torch::empty({2, groups, 3}, f32.pinned_memory(true));
   }
-  kernels::AdamwParams hp = next_update(lr);
-  float* host = schedule_host_.data_ptr<float>();
-  for (int64_t gi = 0; gi < groups; ++gi) {
-    hp.weight_decay = groups_[static_cast<size_t>(gi)].weight_decay;
-    const kernels::AdamwStepScalars s = kernels::adamw_step_scalars(hp);
-    host[gi * 3 + 0] = s.decay;
-    host[gi * 3 + 1] = s.step_size;
-    host[gi * 3 + 2] = s.bc2_sqrt;
+  torch::Tensor& host = schedule_host_[static_cast<size_t>(schedule_host_next_)];
+  schedule_host_next_ ^= 1;
+  float* out = host.data_ptr<float>();
+  for (int64_t choice = 0; choice < 2; ++choice) {
+    kernels::AdamwParams hp = next_update(lr);
+    hp.step += choice;  // choice 1: the update in flight counts
+    for (int64_t gi = 0; gi < groups; ++gi, out += 3) {
+      hp.weight_decay = groups_[static_cast<size_t>(gi)].weight_decay;
+      const kernels::AdamwStepScalars s = kernels::adamw_step_scalars(hp);
+      out[0] = s.decay;
+      out[1] = s.step_size;
+      out[2] = s.bc2_sqrt;
+    }
   }
-  // The host buffer is rewritten only after the previous step's finish_update synchronized: the copy has run.
-  schedule_device_.copy_(schedule_host_, /*non_blocking=*/true);
+  schedule_choices_.copy_(host, /*non_blocking=*/true);
+  if (in_flight_norm.defined())
+    schedule_device_.copy_(torch::where(torch::isfinite(in_flight_norm), schedule_choices_[1], schedule_choices_[0]));
+  else
+    schedule_device_.copy_(schedule_choices_[0]);
 }
 
 StepResult AdamW::finish_update(double lr, double max_grad_norm, const torch::Tensor& norm) {
+  // The one host sync of the step: for the log and the guard (the update is already queued). No parameters: no
+  // norm (queue_update returned an undefined tensor).
+  return finish_update(lr, max_grad_norm, params_.empty() ? 0.0 : norm.item<double>());
+}
+
+StepResult AdamW::finish_update(double lr, double max_grad_norm, double grad_norm) {
   StepResult result;
   result.lr = lr;
   result.step = step_;
   if (params_.empty()) return result;
-  // The one host sync of the step: for the log and the guard (the update is already queued).
-  result.grad_norm = norm.item<double>();
+  result.grad_norm = grad_norm;
   result.skipped = !std::isfinite(result.grad_norm);
   if (result.skipped) {
     result.clip_coef = 0.0;

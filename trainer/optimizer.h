@@ -14,6 +14,7 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -119,13 +120,23 @@ class AdamW {
   //     norm tensor on the device. With `device_schedule`, the kernels read the per-step scalars (learning rate,
   //     bias corrections) from a device buffer that write_device_schedule fills, instead of taking them as launch
   //     parameters, so that one capture serves every step; `lr` is then unused.
-  //   finish_update: reads the norm (the host sync) and advances the step count unless the update was skipped.
+  //   finish_update: reads the norm (the host sync; or takes it, read by the caller) and advances the step count
+  //     unless the update was skipped.
   // step(lr, m) == finish_update(lr, m, queue_update(lr, m, false)).
-  torch::Tensor queue_update(double lr, double max_grad_norm, bool device_schedule);
+  // `in_flight_norm` (defined): the norm queue_update returned for the previous update, which finish_update has not
+  // taken yet (a loop that queues the next step before it reads the last). Bias corrections count the updates
+  // that were not skipped, so this update's depends on whether that norm is finite: on CUDA the device picks
+  // between both candidates' scalars (write_device_schedule), on the CPU the norm is read; either way the update
+  // is the one a loop that reads every norm first would make.
+  torch::Tensor queue_update(double lr, double max_grad_norm, bool device_schedule,
+                             const torch::Tensor& in_flight_norm = {});
   StepResult finish_update(double lr, double max_grad_norm, const torch::Tensor& norm);
-  // The device scalars of the next update (step_count() + 1) at `lr`, one row per parameter group. Queued on the
-  // current stream (from pinned memory); call before the graph that reads them is replayed.
-  void write_device_schedule(double lr);
+  StepResult finish_update(double lr, double max_grad_norm, double grad_norm);
+  // The device scalars of the next update (step_count() + 1 at `lr`; with `in_flight_norm`, + 2 where that norm is
+  // finite), one row per parameter group. Queued on the current stream (from pinned memory); call before the
+  // graph that reads them is replayed. The pinned buffers alternate: one is rewritten two calls after its copy was
+  // queued, by when the caller has read a norm queued after that copy.
+  void write_device_schedule(double lr, const torch::Tensor& in_flight_norm = {});
 
   // Sets every gradient to none (undefined), as torch's zero_grad(set_to_none=true).
   void zero_grad();
@@ -188,7 +199,10 @@ class AdamW {
   std::vector<Group> groups_;
   int64_t step_ = 0;
   int64_t skipped_ = 0;
-  torch::Tensor schedule_device_, schedule_host_;  // [groups, 3] fp32 (AdamwStepScalars), device and pinned
+  torch::Tensor schedule_device_;               // [groups, 3] fp32 (AdamwStepScalars) the kernels read
+  torch::Tensor schedule_choices_;              // [2, groups, 3]: previous update skipped / not skipped
+  std::array<torch::Tensor, 2> schedule_host_;  // pinned copies of schedule_choices_, used alternately
+  int schedule_host_next_ = 0;
 };
 
 }  // namespace vlatune::trainer

@@ -3,6 +3,9 @@
 
 #include <unistd.h>
 
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -259,29 +262,90 @@ std::string save_checkpoint(Run& run, int64_t next_step) {
   return dir;
 }
 
-// batch -> forward -> backward -> clip + AdamW -> EMA, timed; the ranks agree on the loss and on stopping.
-StepRecord run_step(Run& run) {
+// A step queued on the device whose results are not read yet (train_step.h QueuedStep), or a replayed graph's
+// step, read already.
+struct PendingStep {
+  int64_t step = 0;
+  double lr = 0.0;
+  QueuedStep queued;
+  std::optional<StepOutcome> replayed;
+  std::optional<c10::Event> start;  // CUDA: before the step's first work, with timing
+  std::chrono::steady_clock::time_point t0;
+  double host_ms = 0.0;  // CPU: the step's time (the work runs while it is queued)
+  double peak_gib = 0.0;
+};
+
+// May step + 1 be queued before the results of `step` are read? Not where something between the two needs the
+// weights after `step` alone (an evaluation, a checkpoint), nor at the end or after a stop request. Not with EMA
+// (its update is conditioned on the host-read skip), a data-parallel job (the ranks agree on the loss and on
+// stopping after each step) or replayed graphs (which read their results themselves); not with --no-step-overlap.
+bool may_queue_next(const Run& run, int64_t step) {
+  const formats::TrainConfig& c = run.settings.config;
+  if (!run.settings.options.overlap_steps || run.dist || run.ema || run.parts.step_graph) return false;
+  const int64_t next = step + 1;
+  if (next >= c.steps || g_stop_signal.load() != 0) return false;
+  if (run.evaluation && run.evaluation->due(step, c.steps)) return false;
+  return !(c.save && c.checkpoint_every > 0 && next % c.checkpoint_every == 0);
+}
+
+// Queues step `step` (batch -> forward -> backward -> clip + AdamW); `in_flight`: the step before it, not read yet.
+PendingStep queue_step(Run& run, int64_t step, const PendingStep* in_flight) {
   TrainingParts& parts = run.parts;
   const torch::Device device = parts.device;
+  PendingStep p;
+  p.step = step;
+  p.lr = run.schedule.lr(step);
   reset_peak_allocated(device);
-  const auto t0 = std::chrono::steady_clock::now();
-  StepRecord r;
-  r.step = run.step;
-  r.total_steps = run.settings.config.steps;
-  r.lr = run.schedule.lr(run.step);
-  StepOutcome outcome;
+  p.t0 = std::chrono::steady_clock::now();
+  if (device.is_cuda()) {
+    c10::impl::VirtualGuardImpl guard(device.type());
+    p.start.emplace(device.type(), c10::EventFlag::BACKEND_DEFAULT);
+    p.start->record(guard.getStream(device));
+  }
   try {
-    outcome = run_train_step(parts, run.step, r.lr, run.settings.config.clip_norm);
+    if (parts.step_graph)
+      p.replayed = parts.step_graph->run(parts, step, p.lr, run.settings.config.clip_norm);
+    else
+      p.queued = queue_train_step(parts, step, p.lr, run.settings.config.clip_norm,
+                                  in_flight != nullptr ? &in_flight->queued : nullptr);
   } catch (const c10::OutOfMemoryError& e) {
-    if (run.step == run.first_step)
+    if (step == run.first_step)
       throw std::runtime_error(out_of_memory_message("in the first step", parts.batch, parts.grad_accum,
                                                      run.settings.options.max_memory_gib, parts.applied.effective,
                                                      run.settings.recipe_label, e.what_without_backtrace()));
     throw;
   }
-  if (!outcome.optimizer.skipped && run.ema) run.ema->update();
-  if (device.is_cuda()) torch::cuda::synchronize();
-  r.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  p.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p.t0).count();
+  p.peak_gib = peak_allocated_gib(device);  // the allocator's count: every allocation of the step was made
+  return p;
+}
+
+// Reads step `p` (waiting for its work only), then EMA; timed from its start event to the end of its work on CUDA;
+// the ranks agree on the loss and on stopping.
+StepRecord finish_step(Run& run, PendingStep& p) {
+  TrainingParts& parts = run.parts;
+  const torch::Device device = parts.device;
+  StepRecord r;
+  r.step = p.step;
+  r.total_steps = run.settings.config.steps;
+  r.lr = p.lr;
+  StepOutcome outcome = p.replayed ? *p.replayed : finish_train_step(parts, p.queued);
+  const auto ema_t0 = std::chrono::steady_clock::now();
+  const bool ema_update = !outcome.optimizer.skipped && run.ema;
+  if (ema_update) run.ema->update();
+  if (device.is_cuda()) {
+    // The step ends at its `done` event (queued behind its results' copy), moved behind the EMA update when there
+    // is one; a replayed step gets one now (its run read the results: nothing of it is queued any more).
+    c10::impl::VirtualGuardImpl guard(device.type());
+    std::optional<c10::Event>& done = p.queued.done;
+    if (!done) done.emplace(device.type(), c10::EventFlag::BACKEND_DEFAULT);
+    if (ema_update || p.replayed) done->record(guard.getStream(device));
+    done->synchronize();
+    r.step_ms = static_cast<double>(p.start->elapsedTime(*done));
+  } else {
+    r.step_ms =
+        p.host_ms + std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ema_t0).count();
+  }
   r.loss = outcome.loss;
   if (run.dist) {
     // The mean loss over ranks (what one process would log) and whether any rank was asked to stop, in one
@@ -299,14 +363,14 @@ StepRecord run_step(Run& run) {
   r.data_wait_ms = outcome.wait_ms;
   r.skipped = outcome.optimizer.skipped || !std::isfinite(r.loss);
   // A replayed graph allocates nothing: its peak is the capture's.
-  r.peak_gib = std::max(peak_allocated_gib(device), outcome.graph_peak_gib);
+  r.peak_gib = std::max(p.peak_gib, outcome.graph_peak_gib);
   run.peak_gib = std::max(run.peak_gib, r.peak_gib);
   run.peak_reserved_gib = std::max(run.peak_reserved_gib, peak_reserved_gib(device));
   const int64_t samples_per_step = parts.batch * parts.grad_accum * run.world_size;  // the global batch
   r.samples_per_s = samples_per_step / (r.step_ms / 1e3);
   const double elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - run.loop_start).count();
-  r.eta_s = elapsed_s / static_cast<double>(run.step - run.first_step + 1) *
-            static_cast<double>(run.settings.config.steps - run.step - 1);
+  r.eta_s = elapsed_s / static_cast<double>(p.step - run.first_step + 1) *
+            static_cast<double>(run.settings.config.steps - p.step - 1);
   return r;
 }
 
@@ -501,18 +565,25 @@ TrainSummary run_training(const TrainOptions& options, std::ostream& log) {
   if (run.dist)
     run.watchdog.emplace(run.rank, run.world_size,
                          std::chrono::milliseconds(static_cast<int64_t>(run.settings.options.dist_timeout_s * 1000.0)));
-  for (; run.step < run.settings.config.steps && !run.stop; ++run.step) {
-    const StepRecord record = run_step(run);
+  // Step n + 1 is queued before step n is read where nothing in between needs the weights after n
+  // (may_queue_next): the host prepares the next batch and queues the next step while the GPU still runs this one.
+  std::optional<PendingStep> pending;
+  while (pending || (run.step < run.settings.config.steps && !run.stop)) {
+    if (!pending) pending = queue_step(run, run.step, nullptr);
+    std::optional<PendingStep> next_step;
+    if (may_queue_next(run, pending->step)) next_step = queue_step(run, pending->step + 1, &*pending);
+    const StepRecord record = finish_step(run, *pending);
+    run.step = record.step + 1;  // steps done
     for (auto& output : run.outputs) output->write_step(record);
     if (auto row = run.evaluation
-                       ? run.evaluation->after_step(run.step, run.settings.config.steps, *run.parts.net, *run.log)
+                       ? run.evaluation->after_step(record.step, run.settings.config.steps, *run.parts.net, *run.log)
                        : std::nullopt)
       for (auto& output : run.outputs) output->write_eval(*row);
     guard_nonfinite(run, record);
-    const int64_t next = run.step + 1;
     if (run.settings.config.save && run.settings.config.checkpoint_every > 0 &&
-        next % run.settings.config.checkpoint_every == 0 && next < run.settings.config.steps)
-      save_checkpoint(run, next);
+        run.step % run.settings.config.checkpoint_every == 0 && run.step < run.settings.config.steps)
+      save_checkpoint(run, run.step);
+    pending = std::move(next_step);
   }
   return finish_run(run);
 }

@@ -62,6 +62,10 @@ struct TrainOptions {
   std::optional<bool> progress_bar;  // unset: a bar when stderr is a terminal, plain lines otherwise
   int64_t log_every = 1;             // plain log line every N steps
   bool tensorboard = true;           // TensorBoard event file beside metrics.jsonl (trainer/tensorboard_log.h)
+  // Queue step n + 1 before reading step n's loss and norm, so the GPU does not wait for the host between steps
+  // (run_training says where it does not). Changes nothing a step computes; off (--no-step-overlap): each step is
+  // read before the next is queued.
+  bool overlap_steps = true;
   // Held-out evaluation (trainer/evaluate.h TrainEvaluation; the caller's, also on --resume: it changes nothing the
   // run computes). Empty eval_data: none; eval_every 0: after the last step only; eval_batches 0: the whole set.
   std::string eval_data;

@@ -1,5 +1,8 @@
 #include "trainer/train_step.h"
 
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -246,12 +249,13 @@ torch::Tensor forward_backward(TrainingParts& parts, const model::Pi05Batch& bat
   return result.loss.detach().to(torch::kFloat64);
 }
 
-torch::Tensor queue_optimizer_step(TrainingParts& parts, double lr, double clip_norm, bool device_schedule) {
+torch::Tensor queue_optimizer_step(TrainingParts& parts, double lr, double clip_norm, bool device_schedule,
+                                   const torch::Tensor& in_flight_norm) {
   profiler::Scope optimizer_scope(kOptimizerScopeName, profiler::Phase::kOptimizer);
   // The buckets zero-fill the gradients they reduce themselves (and a reduce-scatter has freed the packed ones).
   if (!parts.buckets) parts.net->fill_missing_grads();
   if (parts.buckets) parts.buckets->finish();  // averaged over ranks before clipping
-  torch::Tensor norm = parts.optimizer->queue_update(lr, clip_norm, device_schedule);
+  torch::Tensor norm = parts.optimizer->queue_update(lr, clip_norm, device_schedule, in_flight_norm);
   if (parts.optimizer->sharded()) parts.buckets->gather_parameters();  // each rank updated its ranges
   parts.optimizer->zero_grad();
   return norm;
@@ -278,20 +282,78 @@ model::Pi05Batch next_batch(TrainingParts& parts, int64_t step, int64_t micro, d
 
 StepOutcome run_train_step(TrainingParts& parts, int64_t step, double lr, double clip_norm) {
   if (parts.step_graph) return parts.step_graph->run(parts, step, lr, clip_norm);
-  StepOutcome out;
-  torch::Tensor loss_sum;  // on the device: read once the optimizer step is queued, so the GPU never waits on it
+  QueuedStep q = queue_train_step(parts, step, lr, clip_norm);
+  return finish_train_step(parts, q);
+}
+
+QueuedStep queue_train_step(TrainingParts& parts, int64_t step, double lr, double clip_norm,
+                            const QueuedStep* in_flight) {
+  if (parts.step_graph) throw std::logic_error("queue_train_step: this run's steps replay a CUDA graph");
+  QueuedStep q;
+  q.step = step;
+  q.lr = lr;
+  q.clip_norm = clip_norm;
+  torch::Tensor loss_sum;  // on the device
   for (int64_t micro = 0; micro < parts.grad_accum; ++micro) {
     double wait = 0.0;
     const model::Pi05Batch b = next_batch(parts, step, micro, &wait);
-    out.wait_ms += wait;
+    q.wait_ms += wait;
     if (parts.buckets && micro + 1 == parts.grad_accum) parts.buckets->arm_last_backward();
     const torch::Tensor micro_loss = forward_backward(parts, b, parts.applied.forward, parts.grad_accum);
     loss_sum = loss_sum.defined() ? loss_sum + micro_loss : micro_loss;
   }
-  const torch::Tensor norm = queue_optimizer_step(parts, lr, clip_norm, /*device_schedule=*/false);
-  // The norm read waits for the step; the loss read after it costs no GPU idle.
-  out.optimizer = parts.optimizer->finish_update(lr, clip_norm, norm);
-  out.loss = loss_sum.item<double>() / static_cast<double>(parts.grad_accum);
+  q.norm = queue_optimizer_step(parts, lr, clip_norm, /*device_schedule=*/false,
+                                in_flight != nullptr ? in_flight->norm : torch::Tensor());
+  const torch::Device device = loss_sum.device();
+  torch::Tensor results = q.norm.defined() ? torch::stack({loss_sum.reshape({}), q.norm.to(torch::kFloat64)})
+                                           : torch::stack({loss_sum.reshape({}), torch::zeros_like(loss_sum)});
+  if (device.is_cuda()) {
+    q.host = torch::empty({2}, torch::TensorOptions().dtype(torch::kFloat64).pinned_memory(true));
+    q.host.copy_(results, /*non_blocking=*/true);
+    c10::impl::VirtualGuardImpl guard(device.type());
+    q.done.emplace(device.type(), c10::EventFlag::BACKEND_DEFAULT);  // with timing: the loop times steps by it
+    q.done->record(guard.getStream(device));
+  } else {
+    q.host = results;
+  }
+  return q;
+}
+
+StepOutcome finish_train_step(TrainingParts& parts, QueuedStep& q) {
+  if (q.done) q.done->synchronize();
+  const double* values = q.host.data_ptr<double>();
+  StepOutcome out;
+  out.wait_ms = q.wait_ms;
+  out.optimizer = parts.optimizer->finish_update(q.lr, q.clip_norm, values[1]);
+  out.loss = values[0] / static_cast<double>(parts.grad_accum);
+  return out;
+}
+
+std::vector<TimedStep> run_timed_steps(TrainingParts& parts, int64_t first, int64_t n, double lr, double clip_norm) {
+  if (parts.step_graph || parts.dist) throw std::logic_error("run_timed_steps: eager steps of one process only");
+  const torch::Device device = parts.device;
+  std::vector<TimedStep> out(static_cast<size_t>(std::max<int64_t>(n, 0)));
+  std::vector<std::optional<c10::Event>> starts(out.size());
+  std::optional<QueuedStep> in_flight;
+  auto finish = [&](size_t i, QueuedStep& q) {
+    finish_train_step(parts, q);
+    out[i].wait_ms = q.wait_ms;
+    if (q.done) out[i].ms = static_cast<double>(starts[i]->elapsedTime(*q.done));
+  };
+  for (size_t i = 0; i < out.size(); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (device.is_cuda()) {
+      c10::impl::VirtualGuardImpl guard(device.type());
+      starts[i].emplace(device.type(), c10::EventFlag::BACKEND_DEFAULT);
+      starts[i]->record(guard.getStream(device));
+    }
+    QueuedStep q =
+        queue_train_step(parts, first + static_cast<int64_t>(i), lr, clip_norm, in_flight ? &*in_flight : nullptr);
+    out[i].ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (in_flight) finish(i - 1, *in_flight);
+    in_flight = std::move(q);
+  }
+  if (in_flight) finish(out.size() - 1, *in_flight);
   return out;
 }
 

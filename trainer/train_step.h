@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include <c10/core/Event.h>
 #include <torch/torch.h>
 
 #include "formats/recipe.h"
@@ -94,7 +95,39 @@ struct StepOutcome {
 // gradients cleared; `loss` is this rank's. Opens the pseudo-module scopes "<data>" and "<optimizer>".
 // Synchronizes once, after the optimizer step is queued (its gradient norm, then the loss, are read): the GPU does
 // not sit idle between backward and the optimizer while the host queues it.
+// = finish_train_step(queue_train_step(...)), or the captured graph's step (StepGraph::run).
 StepOutcome run_train_step(TrainingParts& parts, int64_t step, double lr, double clip_norm);
+
+// An eager step queued on the device whose results the host has not read: its loss and gradient norm are copied
+// to host memory behind the update, and `done` is recorded after that copy, so reading them waits for this step's
+// work alone, not for work queued after it (the next step). run_training queues step n + 1 before it reads step
+// n, so the GPU never waits for the host between steps.
+struct QueuedStep {
+  int64_t step = 0;
+  double lr = 0.0, clip_norm = 0.0;
+  double wait_ms = 0.0;  // data wait
+  torch::Tensor norm;    // on the device: the gradient norm (not finite: the update was skipped there)
+  torch::Tensor host;    // {loss sum over the micro-batches, norm} in fp64 (pinned on CUDA), valid after `done`
+  std::optional<c10::Event> done;  // CUDA only
+};
+
+// Queues step `step` without a host sync: grad_accum x (batch -> forward -> backward), the optimizer step, the
+// copy of the results. `in_flight`: the step queued before this one whose results are not read yet (the optimizer
+// then derives this update's bias corrections on the device: AdamW::queue_update). Eager steps only (no StepGraph).
+QueuedStep queue_train_step(TrainingParts& parts, int64_t step, double lr, double clip_norm,
+                            const QueuedStep* in_flight = nullptr);
+// Waits for `q`'s work, reads its loss and norm and closes the optimizer step (AdamW::finish_update). Steps are
+// finished in the order they were queued.
+StepOutcome finish_train_step(TrainingParts& parts, QueuedStep& q);
+
+// Steps [first, first + n) run as run_training runs them (each queued before the previous one is read), at a fixed
+// `lr`: each step's time, from a CUDA event before its first work to its `done` event (the host clock around its
+// queueing on the CPU, where the work runs as it is queued), and its data wait. What `vlatune profile` times, so the
+// planner predicts the step the trainer runs. Eager, one process (std::logic_error otherwise).
+struct TimedStep {
+  double ms = 0.0, wait_ms = 0.0;
+};
+std::vector<TimedStep> run_timed_steps(TrainingParts& parts, int64_t first, int64_t n, double lr, double clip_norm);
 
 // The pieces of a step, shared with StepGraph:
 // the batch of micro-batch `micro` of `step` (in the "<data>" scope);
@@ -104,8 +137,10 @@ torch::Tensor forward_backward(TrainingParts& parts, const model::Pi05Batch& bat
                                const model::ForwardOptions& options, int64_t loss_divisor);
 // in the "<optimizer>" scope: missing gradients zero-filled, buckets finished, clip + AdamW queued (with
 // `device_schedule`: scalars from AdamW::write_device_schedule), a sharded optimizer's parameters all-gathered,
-// gradients cleared; returns the norm on the device for AdamW::finish_update.
-torch::Tensor queue_optimizer_step(TrainingParts& parts, double lr, double clip_norm, bool device_schedule);
+// gradients cleared; returns the norm on the device for AdamW::finish_update (`in_flight_norm`: see
+// AdamW::queue_update).
+torch::Tensor queue_optimizer_step(TrainingParts& parts, double lr, double clip_norm, bool device_schedule,
+                                   const torch::Tensor& in_flight_norm = {});
 
 // The optimizer's whole state, for a checkpoint: a sharded optimizer's gathered from every rank (a collective:
 // every rank calls it), so a checkpoint holds the same tensors sharded or not and resumes on any world size.

@@ -558,6 +558,73 @@ TEST_CASE("step() is queue_update then finish_update, and a device schedule need
   CHECK_THROWS_WITH(opt_b.queue_update(1e-3, 1.0, /*device_schedule=*/true), Catch::Contains("needs CUDA parameters"));
 }
 
+namespace {
+
+// Two optimizers over the same parameters and gradients, with a non-finite gradient at steps 1 and 2: one reads
+// every norm before queuing the next update, the other queues update s + 1 with update s in flight and reads s
+// afterwards. The bias corrections count the updates that were not skipped, so the update after a skipped one
+// differs unless the in-flight skip is taken into account; the parameters must come out identical.
+void check_in_flight_updates(torch::Device device) {
+  auto [dtype, options] = gpu_case(OptimizerPrecision::kBf16);
+  options.no_decay = [](const std::string& name) { return name.find("bias") != std::string::npos; };  // 2 groups
+  Named read, queued;
+  for (const auto& [name, t] : make_params(dtype, 35)) {
+    read.emplace_back(name, t.detach().to(device).requires_grad_(true));
+    queued.emplace_back(name, t.detach().to(device).requires_grad_(true));
+  }
+  constexpr int kSteps = 6;
+  auto grads = make_grads(kSteps, dtype, 36, /*scale=*/5.0);
+  for (int s : {1, 2}) grads[s][0][0] = std::numeric_limits<double>::quiet_NaN();
+  auto to_device = [&](const std::vector<torch::Tensor>& g) {
+    std::vector<torch::Tensor> out;
+    for (const auto& t : g) out.push_back(t.to(device));
+    return out;
+  };
+  AdamW opt_read(read, options), opt_queued(queued, options);
+  std::vector<vlatune::trainer::StepResult> expected;
+  for (int s = 0; s < kSteps; ++s) {
+    set_grads(read, to_device(grads[s]));
+    expected.push_back(opt_read.step(1e-2, 1.0));
+    opt_read.zero_grad();
+  }
+  torch::Tensor in_flight;
+  double in_flight_lr = 0.0;
+  for (int s = 0; s <= kSteps; ++s) {
+    torch::Tensor norm;
+    if (s < kSteps) {
+      set_grads(queued, to_device(grads[s]));
+      norm = opt_queued.queue_update(1e-2, 1.0, /*device_schedule=*/false, in_flight);
+      opt_queued.zero_grad();
+    }
+    if (in_flight.defined()) {
+      const auto r = opt_queued.finish_update(in_flight_lr, 1.0, in_flight);
+      const auto& e = expected[static_cast<size_t>(s - 1)];
+      CHECK(r.skipped == e.skipped);
+      CHECK(r.step == e.step);
+    }
+    in_flight = norm;
+    in_flight_lr = 1e-2;
+  }
+  CHECK(expected.back().step == kSteps - 2);
+  for (size_t i = 0; i < read.size(); ++i) {
+    INFO(read[i].first);
+    CHECK(torch::equal(read[i].second, queued[i].second));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("An update queued while the previous one is in flight is the one a loop reading every norm makes",
+          "[optimizer]") {
+  check_in_flight_updates(torch::kCPU);
+}
+
+TEST_CASE("On the GPU the device picks the bias correction of an update queued behind one in flight",
+          "[.gpu][optimizer]") {
+  REQUIRE(torch::cuda::is_available());
+  check_in_flight_updates(torch::kCUDA);
+}
+
 TEST_CASE("adamw_step_scalars rounds lr, decay and bias corrections from doubles once", "[optimizer]") {
   vlatune::kernels::AdamwParams hp;
   hp.lr = 3e-4;

@@ -131,6 +131,44 @@ TEST_CASE("apply_input_shortcuts cuts what the forward cuts, and a forward of it
   CHECK(same.tokens.is_same(b.tokens));
 }
 
+TEST_CASE("A batch's host summary of its masks gives the shortcuts the masks give; one that does not fit is refused",
+          "[model]") {
+  auto options = unshortened();
+  options.prune_slots = true;
+  options.trim_text = true;
+  options.trim_multiple = 4;
+  auto b = exactness_batch(4);
+  b.image_masks.select(1, 0).fill_(false);  // slot 0 empty, slots 1 (partly) and 2 used: an index, not a prefix
+  b.image_masks.select(1, 2).fill_(true);
+  const Pi05Batch read = apply_input_shortcuts(b, options);
+  Pi05Batch summarized = b;
+  const torch::Tensor any = b.image_masks.any(0);
+  summarized.used_slots.emplace();
+  for (int64_t s = 0; s < any.size(0); ++s) summarized.used_slots->push_back(any[s].item<bool>());
+  summarized.text_used = b.token_masks.sum(1).max().item<int64_t>();  // right padding: last true index + 1
+  const Pi05Batch cut = apply_input_shortcuts(summarized, options);
+  REQUIRE(read.images.size(1) == 2);
+  CHECK(torch::equal(cut.images, read.images));
+  CHECK(torch::equal(cut.image_masks, read.image_masks));
+  CHECK(torch::equal(cut.tokens, read.tokens));
+  CHECK(torch::equal(cut.token_masks, read.token_masks));
+  CHECK(cut.used_slots == std::vector<bool>{true, true});  // the summary follows the cut
+  CHECK(read.text_used == cut.text_used);
+  // A prefix of used slots is cut as a view.
+  Pi05Batch prefix = exactness_batch(5);
+  prefix.used_slots = std::vector<bool>{true, true, false};
+  const Pi05Batch two = apply_input_shortcuts(prefix, options);
+  CHECK(two.images.size(1) == 2);
+  CHECK(two.images.data_ptr() == prefix.images.data_ptr());
+  // Summaries that do not fit the tensors.
+  Pi05Batch bad = summarized;
+  bad.used_slots = std::vector<bool>{true, true};
+  CHECK_THROWS_WITH(apply_input_shortcuts(bad, options), Catch::Contains("used_slots names 2 slots"));
+  bad = summarized;
+  bad.text_used = b.tokens.size(1) + 1;
+  CHECK_THROWS_WITH(apply_input_shortcuts(bad, options), Catch::Contains("text_used 41 is outside [0, 40]"));
+}
+
 TEST_CASE("Skipping the last layer's dead prefix work is exact after filling missing grads", "[model]") {
   auto& model = tiny_fp64_model();
   auto b = exactness_batch(3);

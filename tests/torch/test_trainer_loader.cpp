@@ -128,6 +128,14 @@ TEST_CASE("the loader gives identical batches for a seed and different ones for 
   CHECK(x.time.min().item<float>() >= 0.001f);
   CHECK(x.time.max().item<float>() <= 1.0f);
   CHECK(x.actions.narrow(2, 7, 25).abs().max().item<float>() == 0.0f);  // zero-padded to 32
+  // The host summary of the masks (what the shortcuts read instead of the masks) says what the masks say.
+  for (const Pi05Batch& batch : batches) {
+    REQUIRE(batch.used_slots);
+    const torch::Tensor any = batch.image_masks.any(0);
+    for (int64_t s = 0; s < any.size(0); ++s) CHECK((*batch.used_slots)[static_cast<size_t>(s)] == any[s].item<bool>());
+    REQUIRE(batch.text_used);
+    CHECK(*batch.text_used == batch.token_masks.sum(1).max().item<int64_t>());
+  }
 }
 
 TEST_CASE("a loader resumed at step k gives the batches a straight run gives", "[data]") {
@@ -266,6 +274,8 @@ TEST_CASE("the synthetic source makes LIBERO-shaped batches on the device, repro
   CHECK(x.images.sizes() == torch::IntArrayRef{8, 3, 3, 28, 28});
   CHECK(x.images.select(1, 2).eq(-1.0).all().item<bool>());
   CHECK(torch::equal(x.image_masks, torch::tensor({true, true, false}).expand({8, 3})));
+  CHECK(x.used_slots == std::vector<bool>{true, true, false});
+  CHECK_FALSE(x.text_used);  // the prompt lengths are drawn on the device
   const auto lengths = x.token_masks.sum(1);
   CHECK(lengths.min().item<int64_t>() >= 20);
   CHECK(lengths.max().item<int64_t>() <= 199);
