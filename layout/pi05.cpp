@@ -260,11 +260,9 @@ bool geglu_down_projection(const std::string& linear) {
 }
 
 std::string fp8_form_missing(const std::string& linear) {
-  if (!formats::fqn_within(linear, kVisionTower)) return "";
-  const bool merged = merged_gemm_members(linear).size() > 1;
-  if (!merged && linear.substr(linear.rfind('.')) != ".fc2") return "";
-  return "the SigLIP q/k/v projections (one merged GEMM) and fc2 (fused with the GELU) have no FP8 form; of the "
-         "vision tower, out_proj and fc1 can run in FP8";
+  if (!formats::fqn_within(linear, kVisionTower) || linear.substr(linear.rfind('.')) != ".fc2") return "";
+  return "SigLIP's fc2 (fused with the GELU) has no FP8 form; of the vision tower, the merged q/k/v, out_proj and "
+         "fc1 can run in FP8";
 }
 
 std::string gemm_inventory_name(const std::vector<std::string>& members) {

@@ -383,8 +383,13 @@ torch::Tensor float8_linear(const torch::Tensor& x, const std::vector<torch::Ten
   if (!x.defined() || x.dim() < 1 || !at::isFloatingType(x.scalar_type()))
     throw std::invalid_argument("float8_linear: x must be a floating tensor");
   for (const at::Tensor& w : weights) check_weight(w, x.size(-1));
-  if (bias.defined() && weights.size() != 1)
-    throw std::invalid_argument("float8_linear: a bias only with a single weight");
+  if (bias.defined()) {
+    int64_t outputs = 0;
+    for (const at::Tensor& w : weights) outputs += w.size(0);
+    if (bias.dim() != 1 || bias.size(0) != outputs)
+      throw std::invalid_argument("float8_linear: bias of shape " + c10::str(bias.sizes()) + " for " +
+                                  std::to_string(outputs) + " outputs (the members' biases, concatenated)");
+  }
   if (bias.defined() && rebuild != nullptr) throw std::invalid_argument("float8_linear: no rebuild with a bias");
   std::vector<at::Tensor> args{x};
   args.insert(args.end(), weights.begin(), weights.end());

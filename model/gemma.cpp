@@ -29,14 +29,22 @@ std::vector<torch::Tensor> concat(std::vector<torch::Tensor> a, const std::vecto
 
 torch::Tensor merged_gemm(const torch::Tensor& x, std::initializer_list<const LinearImpl*> members,
                           kernels::MergedRebuild* rebuild) {
-  std::vector<torch::Tensor> weights;
-  for (const LinearImpl* l : members) weights.push_back(l->weight);
+  std::vector<torch::Tensor> weights, biases;
+  for (const LinearImpl* l : members) {
+    weights.push_back(l->weight);
+    if (l->bias.defined()) biases.push_back(l->bias);
+  }
+  if (!biases.empty() && biases.size() != weights.size())
+    throw std::invalid_argument("merged_gemm: " + (*members.begin())->fqn() +
+                                ": either every member has a bias or none has");
+  if (!biases.empty() && rebuild != nullptr)
+    throw std::invalid_argument("merged_gemm: " + (*members.begin())->fqn() + ": no rebuild of a GEMM with biases");
   torch::Tensor base;
   if (Float8State* fp8 = merged_fp8_state(members)) {
-    base = float8_linear(x, weights, torch::Tensor(), *fp8, rebuild);
+    base = float8_linear(x, weights, biases.empty() ? torch::Tensor() : torch::cat(biases), *fp8, rebuild);
   } else {
     if (rebuild != nullptr) *rebuild = kernels::merged_linear_rebuild(x, weights);
-    base = kernels::merged_linear(x, weights);
+    base = kernels::merged_linear(x, weights, biases);
   }
   const torch::Tensor delta = merged_lora_delta(x, members, rebuild);
   return delta.defined() ? base + delta : base;

@@ -11,9 +11,9 @@
 
 namespace vlatune::model {
 
-// FP8 when any member is FP8 (the choice covers the merged GEMM), else kernels::merged_linear; the members' LoRA
-// adapters add their part (merged_lora_delta). `rebuild` (optional): filled with how to run the same GEMM again in
-// backward, adapters included.
+// FP8 when any member is FP8 (the choice covers the merged GEMM), else kernels::merged_linear; the members' biases
+// (all or none) are added, and their LoRA adapters add their part (merged_lora_delta). `rebuild` (optional, no
+// biases): filled with how to run the same GEMM again in backward, adapters included.
 torch::Tensor merged_gemm(const torch::Tensor& x, std::initializer_list<const LinearImpl*> members,
                           kernels::MergedRebuild* rebuild = nullptr);
 

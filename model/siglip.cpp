@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/qkv_attention.h"
+#include "model/merged_gemm.h"
 #include "model/recompute.h"
 #include "profiler/scope.h"
 
@@ -27,10 +28,7 @@ torch::Tensor SiglipAttentionImpl::forward(const torch::Tensor& x, Attention mod
   if (fused) {
     if (profiler::scopes_enabled())
       profiler::note_gemm({&q_proj->fqn(), &k_proj->fqn(), &v_proj->fqn()}, x.numel() / width, width, 3 * width);
-    auto qkv = kernels::merged_linear(x, {q_proj->weight, k_proj->weight, v_proj->weight},
-                                      {q_proj->bias, k_proj->bias, v_proj->bias});  // [n, t, q | k | v]
-    if (auto delta = merged_lora_delta(x, {q_proj.get(), k_proj.get(), v_proj.get()}); delta.defined())
-      qkv = qkv + delta;
+    auto qkv = merged_gemm(x, {q_proj.get(), k_proj.get(), v_proj.get()});  // [n, t, q | k | v]
     if (mode == Attention::kLean && kernels::qkv_attention_supported(qkv, heads, backend))
       return out_proj(kernels::qkv_attention(qkv, heads, 1.0 / std::sqrt(static_cast<double>(width / heads))));
     // Strided [n, heads, t, d] views of the merged output, read in place by SDPA (no copy for the layout); their
@@ -51,8 +49,7 @@ SiglipMLPImpl::SiglipMLPImpl(const VisionConfig& cfg, torch::TensorOptions optio
 torch::Tensor SiglipMLPImpl::forward(const torch::Tensor& x, bool fused) {
   profiler::Scope scope(fqn());
   if (!fused) return fc2(gelu_tanh(fc1(x)));
-  auto pre = fc1(x);                         // the GEMM adds the bias (cuBLAS epilogue)
-  if (fc2->fp8) return fc2(gelu_tanh(pre));  // an FP8 fc2 (Pi05Impl::set_fp8) runs its own GEMM
+  auto pre = fc1(x);  // the GEMM adds the bias (cuBLAS epilogue; FP8: an add after the GEMM)
   if (profiler::scopes_enabled())
     profiler::note_gemm({&fc2->fqn()}, pre.numel() / pre.size(-1), fc2->weight.size(1), fc2->weight.size(0));
   // GELU kernel, then fc2 in its own scope; backward saves only `pre` (the GELU output is rebuilt).

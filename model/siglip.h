@@ -13,8 +13,8 @@ namespace vlatune::model {
 class SiglipAttentionImpl : public ScopedModule {
  public:
   SiglipAttentionImpl(const VisionConfig& cfg, torch::TensorOptions options);
-  // Bidirectional MHA, all with biases. fused: q/k/v as one GEMM (kernels::merged_linear) in this module's scope, the
-  // attention on cuDNN from the merged output (kernels/qkv_attention.h) when `backend` allows it.
+  // Bidirectional MHA, all with biases. fused: q/k/v as one GEMM (model::merged_gemm: FP8 when chosen) in this
+  // module's scope, the attention on cuDNN from the merged output (kernels/qkv_attention.h) when `backend` allows it.
   torch::Tensor forward(const torch::Tensor& x, Attention mode, bool fused = false,
                         kernels::AttentionBackend backend = kernels::AttentionBackend::kAuto);
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr};

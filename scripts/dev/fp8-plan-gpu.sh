@@ -15,8 +15,11 @@
 # recipe and the default bf16 recipe train N steps from the same weights and data, peak lr after 20 steps, and
 # `vlatune check --numerics --curve-loss-only` gates the FP8 loss curve against bf16's), TRIMMED (1: also the
 # trimmed-prompt pair: the compiled FP8 reference with `--text 64` against the shipped recipe with prompt trimming on a
-# `vlatune data synth --prompt-len 20:64` dataset, so both run 64 text positions).
-# Output: $OUT/profile.json, $OUT/plan.json, $OUT/plan.txt (--explain), $OUT/run_{planned,shipped}.json, $OUT/*.log.
+# `vlatune data synth --prompt-len 20:64` dataset, so both run 64 text positions), PLAN (1; 0: no profile and no
+# plan, the shipped recipe only), FP8_ADD (space-separated patterns: a third run, `shipped_plus`, the shipped recipe
+# with these added to its fp8.modules, e.g. the vision tower's Linears: an A/B of those alone).
+# Output: $OUT/profile.json, $OUT/plan.json, $OUT/plan.txt (--explain), $OUT/run_{planned,shipped,shipped_plus}.json,
+# $OUT/*.log.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -37,24 +40,28 @@ untrimmed() {  # SRC DEST: the recipe without prompt trimming; "norc" also drops
 import json, os, sys
 r = json.load(open(sys.argv[1]))
 r.setdefault("data", {})["trim_text"] = False
-if len(sys.argv) > 3: r["recompute"] = {"modules": []}
+if len(sys.argv) > 3 and sys.argv[3] == "norc": r["recompute"] = {"modules": []}
+if len(sys.argv) > 3 and sys.argv[3] == "plus": r["fp8"]["modules"] += os.environ["FP8_ADD"].split()
 if os.environ.get("SAVED_GEGLU_INPUTS"): r["fp8"]["saved_geglu_inputs"] = os.environ["SAVED_GEGLU_INPUTS"]
 json.dump(r, open(sys.argv[2], "w"), indent=2)
 PY
 }
 untrimmed recipes/pi05_libero_h200_fp8.json "$out/fp8_profiled.json" norc
 untrimmed recipes/pi05_libero_h200_fp8.json "$out/shipped.json"
+[ -n "${FP8_ADD:-}" ] && untrimmed recipes/pi05_libero_h200_fp8.json "$out/shipped_plus.json" plus
 
-rm -rf /tmp/fp8-profile
-timeout 400 $v profile --config full --data synthetic --batch 32 --recipe "$out/fp8_profiled.json" --trace-steps 0 \
-  --warmup 3 --timed-steps 5 --ab-steps 2 --gemm-reps 5 --out /tmp/fp8-profile >"$out/profile.log" 2>&1
-echo "$(el) profile exit $?"
-cp /tmp/fp8-profile/profile.json "$out/profile.json"
-$v plan --profile /tmp/fp8-profile --fp8 auto --batch 32 --memory-budget "$budget" ${PLAN_FLAGS:-} \
-  --out "$out/planned.json" >"$out/plan.log" 2>&1
-echo "plan exit $?: $(tail -1 "$out/plan.log")"
-$v plan --profile /tmp/fp8-profile --fp8 auto --batch 32 --memory-budget "$budget" ${PLAN_FLAGS:-} --explain \
-  >"$out/plan.txt" 2>&1
+if [ "${PLAN:-1}" = 1 ]; then
+  rm -rf /tmp/fp8-profile
+  timeout 400 $v profile --config full --data synthetic --batch 32 --recipe "$out/fp8_profiled.json" --trace-steps 0 \
+    --warmup 3 --timed-steps 5 --ab-steps 2 --gemm-reps 5 --out /tmp/fp8-profile >"$out/profile.log" 2>&1
+  echo "$(el) profile exit $?"
+  cp /tmp/fp8-profile/profile.json "$out/profile.json"
+  $v plan --profile /tmp/fp8-profile --fp8 auto --batch 32 --memory-budget "$budget" ${PLAN_FLAGS:-} \
+    --out "$out/planned.json" >"$out/plan.log" 2>&1
+  echo "plan exit $?: $(tail -1 "$out/plan.log")"
+  $v plan --profile /tmp/fp8-profile --fp8 auto --batch 32 --memory-budget "$budget" ${PLAN_FLAGS:-} --explain \
+    >"$out/plan.txt" 2>&1
+fi
 
 : >"$out/reference.jsonl"
 if [ "${REF:-1}" = 1 ]; then
@@ -64,7 +71,7 @@ if [ "${REF:-1}" = 1 ]; then
   echo "$(el) reference: $(tail -1 "$out/reference.jsonl")"
 fi
 
-for name in planned shipped; do
+for name in planned shipped shipped_plus; do
   [ -f "$out/$name.json" ] || continue
   rm -rf "/tmp/fp8-$name"
   timeout 240 $v train --config full --data synthetic --recipe "$out/$name.json" --steps "$steps" --seed 0 \
@@ -134,7 +141,7 @@ if ref: print(f"reference compiled-fp8: {ref['samples_per_s']:.2f} samples/s, pe
 print("| recipe | recompute | FP8 patterns | predicted samples/s | samples/s (median) | prediction error | "
       "predicted peak GiB | peak GiB | vs reference |")
 print("|---|---|---|---|---|---|---|---|---|")
-for name in ("planned", "shipped"):
+for name in ("planned", "shipped", "shipped_plus"):
     r, run = load(f"{name}.json"), load(f"run_{name}.json")
     if r is None: continue
     pred = r.get("predicted", {})

@@ -111,6 +111,9 @@ TEST_CASE("FP8 quantization refuses shapes that are not multiples of 16 and mism
   m::Float8State st;
   CHECK_THROWS_WITH(m::float8_linear(torch::randn({4, 32}), {torch::randn({40, 32})}, {}, st),
                     Catch::Contains("out_features 40 is not a multiple of 16"));
+  CHECK_THROWS_WITH(
+      m::float8_linear(torch::randn({4, 32}), {torch::randn({16, 32}), torch::randn({16, 32})}, torch::zeros({16}), st),
+      Catch::Contains("for 32 outputs"));
 }
 
 TEST_CASE("The FP8 Linear (CPU emulation) follows the fp32 Linear within FP8 precision, merged and padded", "[fp8]") {
@@ -143,6 +146,25 @@ TEST_CASE("The FP8 Linear (CPU emulation) follows the fp32 Linear within FP8 pre
       CHECK(st.input.amax.narrow(0, 0, 3).min().item<float>() > 0.0f);  // three amaxes recorded
     }
   }
+}
+
+TEST_CASE("The FP8 merged GEMM adds the members' biases concatenated; each bias gets its columns' gradient", "[fp8]") {
+  torch::manual_seed(8);
+  m::Float8State st;
+  auto x = torch::randn({3, 5, 64});
+  auto w0 = torch::randn({32, 64}) * 0.1, w1 = torch::randn({16, 64}) * 0.1;
+  auto b0 = torch::randn({32}).requires_grad_(true), b1 = torch::randn({16}).requires_grad_(true);
+  auto seed = torch::randn({3, 5, 48});
+  auto y = m::float8_linear(x, {w0, w1}, torch::cat({b0, b1}), st);
+  (y * seed).sum().backward();
+  auto b0r = b0.detach().clone().requires_grad_(true), b1r = b1.detach().clone().requires_grad_(true);
+  auto yr = torch::nn::functional::linear(x, torch::cat({w0, w1}, 0), torch::cat({b0r, b1r}));
+  (yr * seed).sum().backward();
+  CHECK(rel_err(y, yr) < 0.06);
+  // The bias add runs after the GEMM in x's dtype (fp32 here): its gradient is the column sums of the seed, exactly.
+  CHECK(torch::allclose(b0.grad(), b0r.grad()));
+  CHECK(torch::allclose(b1.grad(), b1r.grad()));
+  CHECK(torch::allclose(b1.grad(), seed.reshape({-1, 48}).sum(0).narrow(0, 32, 16)));
 }
 
 TEST_CASE("Delayed scaling uses the previous amax: a larger tensor saturates at the old range", "[fp8]") {
@@ -183,15 +205,17 @@ TEST_CASE("Pi05Impl::set_fp8 covers merged GEMMs, refuses what cannot run in FP8
                                                          lm + "self_attn.v_proj", lm + "mlp.gate_proj",
                                                          lm + "mlp.up_proj", lm + "mlp.down_proj"});
   CHECK_THROWS_WITH(net->set_fp8({lm + "mlp"}), Catch::Contains("is not a Linear"));
-  CHECK_THROWS_WITH(
-      net->set_fp8(
-          {"paligemma_with_expert.paligemma.model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj"}),
-      Catch::Contains("no FP8 form"));
+  const std::string vit = "paligemma_with_expert.paligemma.model.vision_tower.vision_model.encoder.layers.0.";
+  CHECK_THROWS_WITH(net->set_fp8({vit + "mlp.fc2"}), Catch::Contains("no FP8 form"));
+  net->set_fp8({vit + "self_attn.v_proj", vit + "mlp.fc1"});
+  CHECK(net->fp8_selection() == std::vector<std::string>{vit + "self_attn.q_proj", vit + "self_attn.k_proj",
+                                                         vit + "self_attn.v_proj", vit + "mlp.fc1"});
   net->set_fp8({});
   CHECK(net->fp8_selection().empty());
 }
 
-TEST_CASE("The tiny model with FP8 decoder Linears trains close to fp32 (CPU, fused structure)", "[fp8][model]") {
+TEST_CASE("The tiny model with FP8 decoder and vision Linears trains close to fp32 (CPU, fused structure)",
+          "[fp8][model]") {
   using namespace vlatune::model;
   const auto cfg = Pi05Config::tiny();
   Pi05 net(cfg, torch::kCPU, torch::kFloat32);
@@ -205,11 +229,13 @@ TEST_CASE("The tiny model with FP8 decoder Linears trains close to fp32 (CPU, fu
     auto out = net->forward(batch, o);
     out.loss.backward();
     net->fill_missing_grads();
-    return std::make_pair(
+    const auto& vit0 = net->paligemma_with_expert->paligemma->model->vision_tower->vision_model->encoder->layers[0];
+    return std::make_tuple(
         out.loss.detach(),
-        net->paligemma_with_expert->paligemma->model->language_model->layers[0]->mlp->gate_proj->weight.grad().clone());
+        net->paligemma_with_expert->paligemma->model->language_model->layers[0]->mlp->gate_proj->weight.grad().clone(),
+        torch::cat({vit0->self_attn->k_proj->weight.grad(), vit0->self_attn->v_proj->bias.grad().unsqueeze(1)}, 1));
   };
-  auto [ref_loss, ref_grad] = run();
+  auto [ref_loss, ref_grad, ref_vit_grad] = run();
   std::vector<std::string> fqns;
   for (int i = 0; i < 2; ++i) {
     for (const std::string branch : {"paligemma_with_expert.paligemma.model.language_model.layers.",
@@ -218,15 +244,20 @@ TEST_CASE("The tiny model with FP8 decoder Linears trains close to fp32 (CPU, fu
         fqns.push_back(branch + std::to_string(i) + "." + leaf);
     }
   }
+  // SigLIP: the merged q/k/v with its biases, out_proj and fc1 of layer 0.
+  for (const std::string leaf : {"self_attn.q_proj", "self_attn.out_proj", "mlp.fc1"})
+    fqns.push_back("paligemma_with_expert.paligemma.model.vision_tower.vision_model.encoder.layers.0." + leaf);
   for (auto scaling : {Fp8Scaling::kCurrent, Fp8Scaling::kDelayed}) {
     Fp8Config c;
     c.scaling = scaling;
     net->set_fp8(fqns, c);
-    CHECK(net->fp8_selection().size() == 28);  // 2 layers x 2 branches x (q, k, v, o, gate, up, down)
+    // 2 layers x 2 branches x (q, k, v, o, gate, up, down), and the vision layer's q, k, v, out_proj, fc1.
+    CHECK(net->fp8_selection().size() == 33);
     for (int step = 0; step < 2; ++step) {
-      auto [loss, grad] = run();
+      auto [loss, grad, vit_grad] = run();
       CHECK(rel_err(loss, ref_loss) < 0.02);
       CHECK(rel_err(grad, ref_grad) < 0.25);
+      CHECK(rel_err(vit_grad, ref_vit_grad) < 0.25);
     }
   }
   net->set_fp8({});
