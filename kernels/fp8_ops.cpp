@@ -376,17 +376,26 @@ Fp8Tensor fp8_quantize(const at::Tensor& x_in, Fp8Format format, bool row_major,
 }
 
 at::Tensor fp8_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& inv_a, const at::Tensor& inv_b,
-                  at::ScalarType out_dtype, bool fast_accum) {
+                  at::ScalarType out_dtype, bool fast_accum, const at::Tensor& bias) {
   if (a.dim() != 2 || b.dim() != 2 || a.size(1) != b.size(0))
     throw std::invalid_argument("fp8_mm: expected a [m, k] and b [k, n], got " + describe(a) + " and " + describe(b));
+  if (bias.defined() && (bias.dim() != 1 || bias.size(0) != b.size(1)))
+    throw std::invalid_argument("fp8_mm: bias " + describe(bias) + " for " + describe(b));
   if (a.is_cuda()) {
     if (a.size(1) % 16 != 0 || b.size(1) % 16 != 0)
       throw std::invalid_argument("fp8_mm: k and n must be multiples of 16 for at::_scaled_mm, got " + describe(a) +
                                   " and " + describe(b));
-    return at::_scaled_mm(a, b, inv_a.reshape({}), inv_b.reshape({}), std::nullopt, std::nullopt, out_dtype,
-                          fast_accum);
+    // cuBLASLt's FP8 epilogue takes a bias for bf16 outputs only (a bf16 bias).
+    const bool epilogue = bias.defined() && out_dtype == at::kBFloat16;
+    at::Tensor y = at::_scaled_mm(a, b, inv_a.reshape({}), inv_b.reshape({}),
+                                  epilogue ? std::optional<at::Tensor>(bias.to(at::kBFloat16)) : std::nullopt,
+                                  std::nullopt, out_dtype, fast_accum);
+    if (bias.defined() && !epilogue) y.add_(bias.to(out_dtype));
+    return y;
   }
-  return (a.to(at::kFloat) * inv_a.reshape({})).mm(b.to(at::kFloat) * inv_b.reshape({})).to(out_dtype);
+  at::Tensor y = (a.to(at::kFloat) * inv_a.reshape({})).mm(b.to(at::kFloat) * inv_b.reshape({}));
+  if (bias.defined()) y.add_(bias.to(at::kFloat));
+  return y.to(out_dtype);
 }
 
 }  // namespace vlatune::kernels

@@ -84,9 +84,11 @@ struct Fp8Tensor {
 Fp8Tensor fp8_quantize(const at::Tensor& x, Fp8Format format, bool row_major, bool transposed);
 
 // a [m, k] row-major FP8, b [k, n] column-major FP8 (b.t() contiguous), inv_a / inv_b their dequantization scales
-// (one element fp32): (a * inv_a)(b * inv_b) in `out_dtype`. at::_scaled_mm on CUDA (k, n multiples of 16); on the
-// CPU the same product of the dequantized operands in fp32 (an emulation: the tests' path).
+// (one element fp32): (a * inv_a)(b * inv_b) (+ bias [n]) in `out_dtype`. at::_scaled_mm on CUDA (k, n multiples of
+// 16; a bias is added in its epilogue, before the one rounding, for a bf16 output, else by an add after it); on the
+// CPU the same product of the dequantized operands in fp32, bias added before the rounding (an emulation: the tests'
+// path).
 at::Tensor fp8_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& inv_a, const at::Tensor& inv_b,
-                  at::ScalarType out_dtype, bool fast_accum);
+                  at::ScalarType out_dtype, bool fast_accum, const at::Tensor& bias = {});
 
 }  // namespace vlatune::kernels

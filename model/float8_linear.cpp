@@ -132,24 +132,29 @@ Float8State& state_of(AutogradContext* ctx) {
   return *reinterpret_cast<Float8State*>(ctx->saved_data["state"].toInt());
 }
 
-// args = [x, w_0 .. w_{n-1}]. Returns {y}; with `expose`, {y, x_q^T, x's inverse scale, the weights' amax} (the
-// saved tensors a MergedRebuild reads; not differentiable).
+// args = [x, w_0 .. w_{n-1}] and, with `with_bias`, the members' biases concatenated last (added in the GEMM's
+// epilogue). Returns {y}; with `expose`, {y, x_q^T, x's inverse scale, the weights' amax} (the saved tensors a
+// MergedRebuild reads; not differentiable).
 struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
-  static variable_list forward(AutogradContext* ctx, at::TensorList args, int64_t state_ptr, bool expose) {
+  static variable_list forward(AutogradContext* ctx, at::TensorList args, int64_t state_ptr, bool expose,
+                               bool with_bias) {
     Float8State& st = *reinterpret_cast<Float8State*>(state_ptr);
     const at::Tensor& x = args[0];
-    const at::TensorList weights = args.slice(1);
+    const at::TensorList weights = args.slice(1, args.size() - 1 - (with_bias ? 1 : 0));
+    const at::Tensor bias = with_bias ? args.back() : at::Tensor();
     const int64_t k = x.size(-1), m = x.numel() / k, mp = padded(m);
     const Fp8Tensor xq =
         quantize_role(pad_rows(x.reshape({m, k}), mp), Fp8Format::kE4m3, st.input, st.config, true, true);
     const QuantWeights wq = quantize_weights(weights, at::Tensor(), true, false);
-    at::Tensor y = kernels::fp8_mm(xq.data, wq.data.t(), xq.inv_scale, wq.inv_scale, x.scalar_type(), true);
+    at::Tensor y = kernels::fp8_mm(xq.data, wq.data.t(), xq.inv_scale, wq.inv_scale, x.scalar_type(), true, bias);
     if (mp != m) y = y.narrow(0, 0, m);
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = y.size(1);
     ctx->saved_data["state"] = state_ptr;
     ctx->saved_data["x_sizes"] = x.sizes().vec();
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["bias_dtype"] = static_cast<int64_t>(with_bias ? bias.scalar_type() : at::kFloat);
+    ctx->saved_data["with_bias"] = with_bias;
     std::vector<at::Tensor> keep{xq.data_t, xq.inv_scale, wq.amax};  // x^T in FP8, not x
     keep.insert(keep.end(), weights.begin(), weights.end());
     ctx->save_for_backward(keep);
@@ -165,10 +170,17 @@ struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
     const at::TensorList weights = at::TensorList(saved).slice(3);
     const std::vector<int64_t> x_sizes = ctx->saved_data["x_sizes"].toIntVector();
     const auto x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
-    variable_list result(1 + weights.size() + 2);  // x, weights, state_ptr, expose
+    const bool with_bias = ctx->saved_data["with_bias"].toBool();
+    // x, weights, the bias, state_ptr, expose, with_bias
+    variable_list result(1 + weights.size() + (with_bias ? 1 : 0) + 3);
     if (!grads[0].defined()) return result;
     const int64_t n = grads[0].size(-1), m = grads[0].numel() / n, mp = xq_t.size(1);
     const bool need_x = ctx->needs_input_grad(0);
+    if (with_bias && st.pending_grad)
+      throw std::logic_error("float8_linear: a GEMM with a bias cannot take a gradient cast by a GeGLU backward");
+    if (with_bias && ctx->needs_input_grad(1 + weights.size()))
+      result[1 + weights.size()] =
+          kernels::bias_grad(grads[0], static_cast<at::ScalarType>(ctx->saved_data["bias_dtype"].toInt()));
     Fp8Tensor gq;
     if (st.pending_grad) {
       // The GeGLU backward already cast this gradient (grads[0] is its zero-stride placeholder).
@@ -393,9 +405,10 @@ torch::Tensor float8_linear(const torch::Tensor& x, const std::vector<torch::Ten
   if (bias.defined() && rebuild != nullptr) throw std::invalid_argument("float8_linear: no rebuild with a bias");
   std::vector<at::Tensor> args{x};
   args.insert(args.end(), weights.begin(), weights.end());
-  const auto out = Float8LinearFn::apply(at::TensorList(args), reinterpret_cast<int64_t>(&state), rebuild != nullptr);
-  at::Tensor y = out[0];
-  if (bias.defined()) y = y + (bias.scalar_type() == y.scalar_type() ? bias : bias.to(y.scalar_type()));
+  if (bias.defined()) args.push_back(bias);
+  const auto out = Float8LinearFn::apply(at::TensorList(args), reinterpret_cast<int64_t>(&state), rebuild != nullptr,
+                                         bias.defined());
+  const at::Tensor& y = out[0];
   if (rebuild != nullptr) {
     // Rebuilt from the node's own x_q^T (transposed back: the forward's row-major copy, byte for byte) and the
     // weights re-quantized with the saved amax (the forward's scale): the forward GEMM again, bit-identical, and

@@ -161,7 +161,7 @@ TEST_CASE("The FP8 merged GEMM adds the members' biases concatenated; each bias 
   auto yr = torch::nn::functional::linear(x, torch::cat({w0, w1}, 0), torch::cat({b0r, b1r}));
   (yr * seed).sum().backward();
   CHECK(rel_err(y, yr) < 0.06);
-  // The bias add runs after the GEMM in x's dtype (fp32 here): its gradient is the column sums of the seed, exactly.
+  // The bias gradient is the column sums of the output gradient (fp32 here: exact against ATen's).
   CHECK(torch::allclose(b0.grad(), b0r.grad()));
   CHECK(torch::allclose(b1.grad(), b1r.grad()));
   CHECK(torch::allclose(b1.grad(), seed.reshape({-1, 48}).sum(0).narrow(0, 32, 16)));
@@ -315,18 +315,22 @@ TEST_CASE("The FP8 Linear's _scaled_mm path matches its CPU emulation (same FP8 
     m::Float8State gpu_state, cpu_state;
     gpu_state.config.scaling = cpu_state.config.scaling = scaling;
     for (int step = 0; step < 3; ++step) {
-      // 50 x 6 = 300 rows: padded to 304 (the expert's horizon at a batch that is not a multiple of 8).
+      // 50 x 6 = 300 rows: padded to 304 (the expert's horizon at a batch that is not a multiple of 8). Step 1 adds
+      // the members' biases.
       auto x = torch::randn({6, 50, 256}).to(torch::kBFloat16);
       std::vector<torch::Tensor> ws{(torch::randn({512, 256}) / 16).to(torch::kBFloat16),
                                     (torch::randn({64, 256}) / 16).to(torch::kBFloat16)};
       auto seed = torch::randn({6, 50, 576}).to(torch::kBFloat16);
+      auto b = torch::randn({576}).to(torch::kBFloat16);  // in the GEMM's epilogue on the GPU
       auto run = [&](torch::Device dev, m::Float8State& st) {
-        auto xl = x.to(dev).requires_grad_(true);
+        auto xl = x.to(dev).requires_grad_(true), bl = b.to(dev).requires_grad_(true);
         std::vector<torch::Tensor> wl;
         for (const auto& w : ws) wl.push_back(w.to(dev).requires_grad_(true));
-        auto y = m::float8_linear(xl, wl, {}, st);
+        auto y = m::float8_linear(xl, wl, step == 1 ? bl : torch::Tensor(), st);
         y.backward(seed.to(dev));
-        return std::vector<torch::Tensor>{y.detach().cpu(), xl.grad().cpu(), wl[0].grad().cpu(), wl[1].grad().cpu()};
+        std::vector<torch::Tensor> out{y.detach().cpu(), xl.grad().cpu(), wl[0].grad().cpu(), wl[1].grad().cpu()};
+        if (step == 1) out.push_back(bl.grad().cpu());
+        return out;
       };
       auto g = run(torch::kCUDA, gpu_state);
       auto c = run(torch::kCPU, cpu_state);
