@@ -39,8 +39,8 @@ struct Fp8Selection {
   double saved_ms = 0;
 };
 
-// Linears kept in bf16 unless --fp8-include names them: the precision-sensitive set of the seed (vision tower,
-// projector, action and time projections, adaRMS dense layers). Patterns exclude the modules they match and
+// Linears kept in bf16 unless --fp8-include names them: the precision-sensitive set (projector, action and time
+// projections, adaRMS dense layers). Patterns exclude the modules they match and
 // everything inside them.
 const std::vector<std::string>& default_fp8_exclusions();
 

@@ -197,8 +197,9 @@ TEST_CASE("--fp8 auto picks the measured winners outside the precision-sensitive
   CHECK(has(kPL + "*.mlp.gate_proj"));
   CHECK(has(kPL + "*.mlp.down_proj"));
   for (const std::string& p : mods) {
-    CHECK(p.find("vision_tower") == std::string::npos);  // excluded by default
-    CHECK(p.find("gemma_expert") == std::string::npos);  // M = 1600: the casts eat the gain
+    CHECK(p.find("multi_modal_projector") == std::string::npos);  // excluded by default
+    CHECK(p.find("mlp.fc2") == std::string::npos);                // no FP8 form
+    CHECK(p.find("gemma_expert") == std::string::npos);           // M = 1600: the casts eat the gain
   }
   CHECK(r.predicted.fp8_ms < 0);
   CHECK(r.recipe.fp8.scaling == vlatune::formats::Fp8Scaling::kDelayed);  // the measured faster mode
@@ -214,14 +215,14 @@ TEST_CASE("--fp8 auto picks the measured winners outside the precision-sensitive
   SECTION("--fp8-exclude wins, --fp8-include lifts a default exclusion") {
     PlanOptions x = o;
     x.fp8_exclude = {kPL + "*.mlp"};
-    x.fp8_include = {kVL + "*.mlp"};
+    x.fp8_include = {"paligemma_with_expert.paligemma.model.multi_modal_projector"};
     const PlanResult y = plan(synthetic_profile(), kSyntheticProfile, x);
-    bool vit_mlp = false;
+    bool projector = false;
     for (const std::string& p : y.recipe.fp8.modules) {
       CHECK(p.find(".mlp.gate_proj") == std::string::npos);
-      vit_mlp = vit_mlp || p == kVL + "*.mlp.fc1";
+      projector = projector || p.find("multi_modal_projector") != std::string::npos;
     }
-    CHECK(vit_mlp);
+    CHECK(projector);
   }
   SECTION("a margin above every ratio selects nothing") {
     PlanOptions x = o;
