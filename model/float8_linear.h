@@ -64,11 +64,11 @@ struct Float8State {
 
 // x [..., K] -> [..., sum N_i]: one GEMM against the row-stacked weights (merged GEMM) or a single Linear; bias
 // (optional, [sum N_i]: the members' biases concatenated) added in the GEMM's epilogue (kernels::fp8_mm), its
-// gradient summed by kernels::bias_grad. Throws std::invalid_argument when K
-// or an N_i is not a multiple of 16. `rebuild` (no bias): filled with how to compute the output again in backward
-// (the recompute unit `...mlp.gate_proj+up_proj`): it reads the node's own saved x_q^T (transposed back to
-// row-major at rebuild time: no byte more held), the scales and the weights, and runs the same FP8 GEMM, so the
-// rebuilt output is bit-identical to this one.
+// gradient summed by kernels::bias_grad. Throws std::invalid_argument when K or an N_i is not a multiple of 16.
+// `rebuild` (no bias): filled with how to compute the output again in backward (the recompute unit
+// `...mlp.gate_proj+up_proj`): it reads the node's own saved x_q^T (transposed back to row-major at rebuild time:
+// no byte more held), the scales and the weights, and runs the same FP8 GEMM, so the rebuilt output is
+// bit-identical to this one.
 torch::Tensor float8_linear(const torch::Tensor& x, const std::vector<torch::Tensor>& weights,
                             const torch::Tensor& bias, Float8State& state, kernels::MergedRebuild* rebuild = nullptr);
 

@@ -49,7 +49,7 @@ SiglipMLPImpl::SiglipMLPImpl(const VisionConfig& cfg, torch::TensorOptions optio
 torch::Tensor SiglipMLPImpl::forward(const torch::Tensor& x, bool fused) {
   profiler::Scope scope(fqn());
   if (!fused) return fc2(gelu_tanh(fc1(x)));
-  auto pre = fc1(x);  // the GEMM adds the bias (cuBLAS epilogue; FP8: an add after the GEMM)
+  auto pre = fc1(x);  // the GEMM adds the bias in its epilogue (bf16 or FP8)
   if (profiler::scopes_enabled())
     profiler::note_gemm({&fc2->fqn()}, pre.numel() / pre.size(-1), fc2->weight.size(1), fc2->weight.size(0));
   // GELU kernel, then fc2 in its own scope; backward saves only `pre` (the GELU output is rebuilt).
