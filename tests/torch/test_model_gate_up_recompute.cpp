@@ -340,8 +340,10 @@ TEST_CASE("A recipe selects the gate+up units by pattern and refuses them nested
   model.set_recompute({});
 }
 
-TEST_CASE("The shipped FP8 recipe applies to the full model as planned: five modules recomputed, the backbone in FP8",
-          "[recompute][recipe][fp8]") {
+TEST_CASE(
+    "The shipped FP8 recipe applies to the full model as planned: six modules recomputed, the backbone and "
+    "SigLIP's q/k/v and fc1 in FP8",
+    "[recompute][recipe][fp8]") {
   Pi05Impl model(Pi05Config::full(), torch::Device(torch::kMeta));
   const std::string path = std::string(VLATUNE_SOURCE_DIR) + "/recipes/pi05_libero_h200_fp8.json";
   const auto applied = vlatune::trainer::apply_recipe(vlatune::formats::read_recipe(path), path, model);
@@ -349,11 +351,17 @@ TEST_CASE("The shipped FP8 recipe applies to the full model as planned: five mod
   std::vector<std::string> recomputed = applied.recompute;
   std::sort(recomputed.begin(), recomputed.end());
   CHECK(recomputed ==
-        std::vector<std::string>{kEx + "11.mlp", kEx + "12.mlp", kLm + "17.self_attn", vit + "26", vit + "5"});
-  // q/k/v, o, gate, up and down of the 18 backbone layers (a merged GEMM's FP8 covers all its members); the
-  // expert's Linears stay bf16.
-  CHECK(applied.fp8.size() == 18 * 7);
-  CHECK(std::all_of(applied.fp8.begin(), applied.fp8.end(), [](const std::string& f) { return f.rfind(kLm, 0) == 0; }));
+        std::vector<std::string>{kEx + "0.mlp", kEx + "13.mlp", kEx + "16.mlp", kEx + "2.mlp", vit + "22", vit + "25"});
+  // q/k/v, o, gate, up and down of the 18 backbone layers (a merged GEMM's FP8 covers all its members), and q, k, v
+  // and fc1 of the 27 SigLIP layers; the expert's Linears, SigLIP's out_proj and fc2 stay bf16.
+  CHECK(applied.fp8.size() == 18 * 7 + 27 * 4);
+  CHECK(std::all_of(applied.fp8.begin(), applied.fp8.end(), [&](const std::string& f) {
+    const bool vision_linear =
+        f.rfind(vit, 0) == 0 &&
+        (f.find(".self_attn.q_proj") != std::string::npos || f.find(".self_attn.k_proj") != std::string::npos ||
+         f.find(".self_attn.v_proj") != std::string::npos || f.find(".mlp.fc1") != std::string::npos);
+    return f.rfind(kLm, 0) == 0 || vision_linear;
+  }));
   CHECK(applied.fp8_delayed);
   CHECK(applied.effective.fp8.saved_geglu_inputs == vlatune::formats::SavedGegluInputs::kE4m3Blocks);
   CHECK(applied.effective.data.trim_text);
@@ -374,7 +382,7 @@ TEST_CASE("On a GPU without FP8 the shipped FP8 recipe trains in bf16, e4m3-bloc
   Pi05Impl model(Pi05Config::full(), torch::Device(torch::kMeta));
   const auto applied = vlatune::trainer::apply_recipe(recipe, path, model);
   CHECK(applied.fp8.empty());
-  CHECK(applied.recompute.size() == 5);
+  CHECK(applied.recompute.size() == 6);
 }
 
 TEST_CASE("The profiler's A/B classes include the backbone MLPs' gate+up outputs", "[recompute][profiler]") {
