@@ -11,6 +11,7 @@
 #include "kernels/fp8_ops.h"
 #include "kernels/fused_ops.h"
 #include "model/float8_linear.h"
+#include "model/merged_gemm.h"
 #include "model/pi05.h"
 #include "tensor_test_util.h"
 
@@ -114,6 +115,17 @@ TEST_CASE("FP8 quantization refuses shapes that are not multiples of 16 and mism
   CHECK_THROWS_WITH(
       m::float8_linear(torch::randn({4, 32}), {torch::randn({16, 32}), torch::randn({16, 32})}, torch::zeros({16}), st),
       Catch::Contains("for 32 outputs"));
+  const auto e4m3 = torch::zeros({16, 16}).to(torch::kFloat8_e4m3fn);
+  CHECK_THROWS_WITH(
+      k::fp8_mm(e4m3, e4m3.t(), torch::ones({}), torch::ones({}), torch::kFloat, false, torch::zeros({8})),
+      Catch::Contains("fp8_mm: bias"));
+  // A merged GEMM adds its members' biases only when every member has one.
+  m::Linear with_bias(32, 16, true, torch::TensorOptions()), without(32, 16, false, torch::TensorOptions());
+  CHECK_THROWS_WITH(m::merged_gemm(torch::randn({4, 32}), {with_bias.get(), without.get()}),
+                    Catch::Contains("either every member has a bias or none has"));
+  k::MergedRebuild rebuild;
+  CHECK_THROWS_WITH(m::merged_gemm(torch::randn({4, 32}), {with_bias.get(), with_bias.get()}, &rebuild),
+                    Catch::Contains("no rebuild of a GEMM with biases"));
 }
 
 TEST_CASE("The FP8 Linear (CPU emulation) follows the fp32 Linear within FP8 precision, merged and padded", "[fp8]") {
