@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda_check.h"
 #include "kernels/fp8.h"
@@ -17,14 +18,14 @@
 namespace vlatune::kernels {
 
 using fused_detail::from_float;
-using fused_detail::geglu_grads;
-using fused_detail::geglu_value;
-using fused_detail::GegluGrads;
+using fused_detail::geglu_grads2;
+using fused_detail::geglu_value2;
+using fused_detail::GegluGrads2;
 using fused_detail::kVec;
 using fused_detail::load_pack;
 using fused_detail::NvtxRange;
 using fused_detail::Pack;
-using fused_detail::round_to;
+using fused_detail::round_to2;
 using fused_detail::to_float;
 
 namespace {
@@ -79,40 +80,108 @@ struct TileAt {
 __host__ __device__ __forceinline__ int64_t tile_count(int64_t rows, int64_t cols) {
   return ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
 }
+
 __device__ __forceinline__ TileAt tile_at(int64_t tile, int64_t rows) {
   const int64_t row_tiles = (rows + kTile - 1) / kTile;
   return {(tile % row_tiles) * kTile, (tile / row_tiles) * kTile};
 }
 
-// This thread's 16-byte vectors (V elements of T) of tile `at` inside a [rows, cols] matrix: body(r, c, gr, gc)
-// with the vector's first element at (r, c) in the tile and (gr, gc) in the matrix. rows and cols are multiples of
-// 16, so vectors are whole.
+// This thread's 16-byte vectors (V elements of T) of tile `at` inside a [rows, cols] matrix: body(j, r, c, gr, gc)
+// for the thread's j-th vector (j < kTileVectors<V>), its first element at (r, c) in the tile and (gr, gc) in the
+// matrix. rows and cols are multiples of 16, so vectors are whole.
+template <int V>
+constexpr int kTileVectors = kTile* kTile / V / kThreads;  // per thread and tile: 2 of bf16, 4 of fp32
 template <int V, typename Body>
 __device__ __forceinline__ void for_each_tile_vector(TileAt at, int64_t rows, int64_t cols, Body body) {
   constexpr int kVecPerRow = kTile / V;  // vectors per tile row
 #pragma unroll
-  for (int i = threadIdx.x; i < kTile * kVecPerRow; i += kThreads) {
+  for (int j = 0; j < kTileVectors<V>; ++j) {
+    const int i = static_cast<int>(threadIdx.x) + j * kThreads;
     const int r = i / kVecPerRow, c = (i % kVecPerRow) * V;
     const int64_t gr = at.row0 + r, gc = at.col0 + c;
     if (gr >= rows || gc >= cols) continue;
-    body(r, c, gr, gc);
+    body(j, r, c, gr, gc);
   }
 }
 
-// This thread's share of a tile's transposed write: tile column c becomes output row `first_out_row + c`; each thread
-// writes 16 consecutive source rows (16 bytes). Call after the block's barrier, with `part` from tile_part().
+// The casts read their inputs one tile ahead: a block issues the next tile's loads as asynchronous copies into shared
+// memory (cp.async) before it casts the current tile, so a tile's loads are in flight while the previous one is
+// cast and stored. Each thread copies and later reads only its own vectors' slots, so waiting for its own copies
+// (no barrier) makes them visible, and a stage is refilled only after the thread consumed it the iteration before.
+// Loading into registers instead held fewer bytes in flight per SM and left the casts at ~2.1 TB/s.
+constexpr int kStages = 2;
+extern __shared__ __align__(16) unsigned char stage_smem[];
+
+template <int kBytes>
+__device__ __forceinline__ void async_copy(void* dst, const void* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));  // L2 only: streamed once
+  } else {
+    static_assert(kBytes == 8 || kBytes == 4, "cp.async copies 4, 8 or 16 bytes");
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(d), "l"(src), "n"(kBytes));
+  }
+}
+__device__ __forceinline__ void async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+// Wait until at most one group (the tile issued last) is still in flight.
+__device__ __forceinline__ void async_wait_all_but_last() {
+  asm volatile("cp.async.wait_group 1;\n" ::);
+}
+template <typename Slot>
+__device__ __forceinline__ void async_copy_slot(Slot& dst, const void* src) {
+  async_copy<sizeof(Slot)>(&dst, src);
+}
+
+// A share of a tile's transposed write: 4 tile columns (c, a multiple of 4) by 16 rows from r, read as 16 4-byte words
+// and transposed by byte permutes into 4 output rows of 16 bytes. 64 threads write a whole tile
+// (kTransposeThreads); byte-wise reads took about twice the instructions.
+constexpr int kTransposeThreads = (kTile / 4) * (kTile / 16);
 struct TilePart {
   int c, r;
 };
-__device__ __forceinline__ TilePart tile_part() {
-  return {static_cast<int>(threadIdx.x) / (kTile / 16), (static_cast<int>(threadIdx.x) % (kTile / 16)) * 16};
+// Share `index` in [0, kTransposeThreads): 16 consecutive shares cover a 16-row band.
+__device__ __forceinline__ TilePart tile_part(int index) {
+  return {(index % (kTile / 4)) * 4, (index / (kTile / 4)) * 16};
 }
+// The output rows `part.c .. part.c + 3` of out_row0 (the tile's first output row; rows ld bytes apart), bytes gr
+// to gr + 15. Call after the block's barrier.
 __device__ __forceinline__ void write_transposed(const Tile& tile, TilePart part, uint8_t* out_row0, int64_t ld,
                                                  int64_t gr) {
+  uint32_t column[4][4];  // [k][q]: tile column part.c + k, rows part.r + 4q .. + 3, first row in the low byte
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    uint32_t w[4];  // rows part.r + 4q + i, columns part.c .. + 3 (a word stays inside its swizzle chunk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = part.r + 4 * q + i;
+      w[i] = *reinterpret_cast<const uint32_t*>(&tile[r][tile_col(r, part.c)]);
+    }
+    const uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140), lo23 = __byte_perm(w[2], w[3], 0x5140);  // columns 0, 1
+    const uint32_t hi01 = __byte_perm(w[0], w[1], 0x7362), hi23 = __byte_perm(w[2], w[3], 0x7362);  // columns 2, 3
+    column[0][q] = __byte_perm(lo01, lo23, 0x5410);
+    column[1][q] = __byte_perm(lo01, lo23, 0x7632);
+    column[2][q] = __byte_perm(hi01, hi23, 0x5410);
+    column[3][q] = __byte_perm(hi01, hi23, 0x7632);
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    *reinterpret_cast<uint4*>(out_row0 + (part.c + k) * ld + gr) =
+        make_uint4(column[k][0], column[k][1], column[k][2], column[k][3]);
+}
+
+// The plain casts' transposed write, by all kThreads threads: tile column c = threadIdx.x / 4 to output row c, 16
+// source rows per thread read byte by byte. With one output tile, spreading it over every thread beat the word-wise
+// shares of 64 threads (0.50 against 0.51 ms for [22,784, 16,384]).
+__device__ __forceinline__ void write_transposed_bytes(const Tile& tile, uint8_t* out_row0, int64_t ld, TileAt at,
+                                                       int64_t rows, int64_t cols) {
+  const int c = static_cast<int>(threadIdx.x) / (kTile / 16), r = (static_cast<int>(threadIdx.x) % (kTile / 16)) * 16;
+  if (at.row0 + r >= rows || at.col0 + c >= cols) return;
   Pack<uint8_t, 16> q;
 #pragma unroll
-  for (int j = 0; j < 16; ++j) q.v[j] = tile[part.r + j][tile_col(part.r + j, part.c)];
-  *reinterpret_cast<Pack<uint8_t, 16>*>(out_row0 + part.c * ld + gr) = q;
+  for (int j = 0; j < 16; ++j) q.v[j] = tile[r + j][tile_col(r + j, c)];
+  *reinterpret_cast<Pack<uint8_t, 16>*>(out_row0 + c * ld + at.row0 + r) = q;
 }
 
 // Where block (row, col / kGegluBlock) keeps its dequantization scale: [2F / kGegluBlock, rows], so that a tile's
@@ -140,22 +209,6 @@ __device__ __forceinline__ void write_e4m3_block(const Pack<T, V>& v, int64_t ro
   for (int k = 0; k < V; ++k) q.v[k] = cast_fp8<Fp8Format::kE4m3>(__fmul_rn(to_float(v.v[k]), scale));
   *reinterpret_cast<Pack<uint8_t, V>*>(data + row * ld + col) = q;
   if (col % kGegluBlock == 0) inv_scale[block_scale_index(row, col, rows)] = __fdiv_rn(1.f, scale);
-}
-
-// V elements of a merged row read back from its e4m3 blocks: fp32(q) * the block's inverse scale, rounded to T.
-template <typename T, int V>
-__device__ __forceinline__ Pack<T, V> read_e4m3_block(const uint8_t* data, const float* inv_scale, int64_t row,
-                                                      int64_t col, int64_t ld, int64_t rows) {
-  const Pack<uint8_t, V> q = *reinterpret_cast<const Pack<uint8_t, V>*>(data + row * ld + col);
-  const float inv = inv_scale[block_scale_index(row, col, rows)];
-  Pack<T, V> v;
-#pragma unroll
-  for (int k = 0; k < V; ++k) {
-    __nv_fp8_e4m3 e;
-    e.__x = q.v[k];
-    v.v[k] = from_float<T>(__fmul_rn(static_cast<float>(e), inv));
-  }
-  return v;
 }
 
 // The block's max |value| into amax_out (atomic), when one is wanted.
@@ -201,13 +254,40 @@ __device__ __forceinline__ float warp_scale_from(const float* amax_in, int count
   return (amax > 0.f && isfinite(amax)) ? __fdiv_rn(fmax, amax) : 1.f;
 }
 
+// One stage of the GeGLU casts' staged inputs (kStages of them in stage_smem): slot [half][j][thread], one 16-byte
+// vector of merged's gate (0) or up (1) half each. The plain casts load x directly: staged, their extra copy
+// instructions made them slower (0.50 -> 0.56 ms for [22,784, 16,384]), as they are issue-bound, not waiting on
+// memory.
+template <typename T>
+struct GegluCastStage {
+  static constexpr int V = kVec<T>;
+  Pack<T, V> in[2][kTileVectors<V>][kThreads];
+};
+
 // The cast kernels' body. kGeglu: x is merged [rows, 2 * cols] and the value cast is geglu(merged), rounded to T as
 // the geglu kernel stores it; otherwise x is [rows, cols]. kBlocks (kGeglu only): merged also goes to p.blocks_out.
 template <typename T, Fp8Format F, bool kGeglu, bool kBlocks>
 __device__ __forceinline__ void quantize_tiles(const Fp8QuantParams& p) {
   constexpr int V = kVec<T>;  // elements per 16-byte load: 8 bf16, 4 fp32
+  using Stage = GegluCastStage<T>;
+  Stage* stages = reinterpret_cast<Stage*>(stage_smem);  // kGeglu only
   __shared__ float s_scale;
   __shared__ __align__(16) Tile tile;  // FP8 tile for the transposed write
+  const T* x = static_cast<const T*>(p.x);
+  const int64_t tiles = tile_count(p.rows, p.cols);
+  const auto issue = [&](int64_t t, Stage& stage) {
+    if constexpr (kGeglu) {
+      if (t < tiles) {
+        for_each_tile_vector<V>(tile_at(t, p.rows), p.rows, p.cols, [&](int j, int, int, int64_t gr, int64_t gc) {
+          const T* row = x + gr * 2 * p.cols;
+          async_copy_slot(stage.in[0][j][threadIdx.x], row + gc);
+          async_copy_slot(stage.in[1][j][threadIdx.x], row + p.cols + gc);
+        });
+      }
+      async_commit();  // an empty group past the last tile keeps the wait's count uniform
+    }
+  };
+  issue(blockIdx.x, stages[0]);
   if (threadIdx.x < 32) {
     const bool first = blockIdx.x == 0;
     const float scale =
@@ -219,26 +299,32 @@ __device__ __forceinline__ void quantize_tiles(const Fp8QuantParams& p) {
   }
   __syncthreads();
   const float scale = s_scale;
-  const T* x = static_cast<const T*>(p.x);
   uint8_t* out = static_cast<uint8_t*>(p.out);
   uint8_t* out_t = static_cast<uint8_t*>(p.out_t);
   float m = 0.f;
-  const int64_t tiles = tile_count(p.rows, p.cols);
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+  int s = 0;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x, s ^= 1) {
+    issue(t + gridDim.x, stages[s ^ 1]);
+    if constexpr (kGeglu) async_wait_all_but_last();
+    const Stage& stage = stages[s];
     const TileAt at = tile_at(t, p.rows);
     if (out_t != nullptr && t != blockIdx.x) __syncthreads();  // the previous tile's transposed reads are done
-    for_each_tile_vector<V>(at, p.rows, p.cols, [&](int r, int c, int64_t gr, int64_t gc) {
+    for_each_tile_vector<V>(at, p.rows, p.cols, [&](int j, int r, int c, int64_t gr, int64_t gc) {
       Pack<T, V> v;
       if constexpr (kGeglu) {
-        const T* row = x + gr * 2 * p.cols;
-        const Pack<T, V> g = load_pack(row + gc, 0), u = load_pack(row + p.cols + gc, 0);
+        const Pack<T, V> g = stage.in[0][j][threadIdx.x], u = stage.in[1][j][threadIdx.x];
         if constexpr (kBlocks) {
           uint8_t* blocks = static_cast<uint8_t*>(p.blocks_out);
           write_e4m3_block<T, V>(g, gr, gc, 2 * p.cols, p.rows, blocks, p.blocks_inv_scale_out);
           write_e4m3_block<T, V>(u, gr, p.cols + gc, 2 * p.cols, p.rows, blocks, p.blocks_inv_scale_out);
         }
 #pragma unroll
-        for (int k = 0; k < V; ++k) v.v[k] = from_float<T>(geglu_value<T>(to_float(g.v[k]), to_float(u.v[k])));
+        for (int k = 0; k < V; k += 2) {
+          const float2 a = geglu_value2<T>(make_float2(to_float(g.v[k]), to_float(g.v[k + 1])),
+                                           make_float2(to_float(u.v[k]), to_float(u.v[k + 1])));
+          v.v[k] = from_float<T>(a.x);
+          v.v[k + 1] = from_float<T>(a.y);
+        }
       } else {
         v = load_pack(x + gr * p.cols + gc, 0);
       }
@@ -254,10 +340,14 @@ __device__ __forceinline__ void quantize_tiles(const Fp8QuantParams& p) {
     });
     if (out_t != nullptr) {
       __syncthreads();
-      const TilePart part = tile_part();
-      const int64_t gr = at.row0 + part.r;
-      if (gr < p.rows && at.col0 + part.c < p.cols)
-        write_transposed(tile, part, out_t + at.col0 * p.out_t_ld, p.out_t_ld, gr);
+      if constexpr (!kGeglu) {
+        write_transposed_bytes(tile, out_t + at.col0 * p.out_t_ld, p.out_t_ld, at, p.rows, p.cols);
+      } else if (threadIdx.x < kTransposeThreads) {
+        const TilePart part = tile_part(threadIdx.x);
+        const int64_t gr = at.row0 + part.r;
+        if (gr < p.rows && at.col0 + part.c < p.cols)
+          write_transposed(tile, part, out_t + at.col0 * p.out_t_ld, p.out_t_ld, gr);
+      }
     }
   }
   record_amax(m, p.amax_out);
@@ -277,16 +367,79 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_geglu_blocks_quant_kernel(con
   quantize_tiles<T, F, true, true>(p);
 }
 
+// One stage of the GeGLU backward's staged inputs: dy and, per half of merged, its 16-byte vector (kBlocks false)
+// or its e4m3 bytes with the block's dequantization scale (kBlocks).
+template <typename T, bool kBlocks>
+struct GegluBwdStage {
+  static constexpr int V = kVec<T>;
+  using Merged = std::conditional_t<kBlocks, Pack<uint8_t, V>, Pack<T, V>>;
+  Pack<T, V> dy[kTileVectors<V>][kThreads];
+  Merged gate[kTileVectors<V>][kThreads], up[kTileVectors<V>][kThreads];
+  float gate_inv_scale[kBlocks ? kTileVectors<V> : 1][kThreads], up_inv_scale[kBlocks ? kTileVectors<V> : 1][kThreads];
+};
+
+// V elements of a merged row as staged, in fp32: the vector itself, or read back from its e4m3 block: fp32(q) times
+// the block's inverse scale, rounded to T (two per conversion).
+template <typename T, int V>
+__device__ __forceinline__ Pack<float, V> staged_merged(const Pack<T, V>& v, float) {
+  Pack<float, V> f;
+#pragma unroll
+  for (int k = 0; k < V; ++k) f.v[k] = to_float(v.v[k]);
+  return f;
+}
+template <typename T, int V>
+__device__ __forceinline__ Pack<float, V> staged_merged(const Pack<uint8_t, V>& q, float inv) {
+  Pack<float, V> f;
+#pragma unroll
+  for (int k = 0; k < V; k += 2) {
+    __nv_fp8_e4m3 e0, e1;
+    e0.__x = q.v[k];
+    e1.__x = q.v[k + 1];
+    const float2 r =
+        round_to2<T>(make_float2(__fmul_rn(static_cast<float>(e0), inv), __fmul_rn(static_cast<float>(e1), inv)));
+    f.v[k] = r.x;
+    f.v[k + 1] = r.y;
+  }
+  return f;
+}
+
 // The GeGLU backward, cast: 64 x 64 tiles of the GeGLU width, a block walking several; d gate, d up and the
-// recomputed GeGLU output take three shared-memory tiles for their transposed writes.
-template <typename T, Fp8Format F>
+// recomputed GeGLU output take three shared-memory tiles for their transposed writes. kBlocks: merged is read from
+// its e4m3 blocks.
+template <typename T, Fp8Format F, bool kBlocks>
 __global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluBwdParams bp) {
   const Fp8QuantParams& p = bp.grad_merged;
   constexpr int V = kVec<T>;
+  using Stage = GegluBwdStage<T, kBlocks>;
+  Stage* stages = reinterpret_cast<Stage*>(stage_smem);
   __shared__ float s_scale, s_act_scale;
   __shared__ __align__(16) Tile tile_g;
   __shared__ __align__(16) Tile tile_u;
   __shared__ __align__(16) Tile tile_a;
+  const T* merged = static_cast<const T*>(p.x);
+  const uint8_t* blocks = static_cast<const uint8_t*>(bp.merged_blocks);
+  const T* grad = static_cast<const T*>(bp.grad);
+  const int64_t f = p.cols;
+  const int64_t tiles = tile_count(p.rows, f);
+  const auto issue = [&](int64_t t, Stage& stage) {
+    if (t < tiles) {
+      for_each_tile_vector<V>(tile_at(t, p.rows), p.rows, f, [&](int j, int, int, int64_t gr, int64_t gc) {
+        const int i = threadIdx.x;
+        async_copy_slot(stage.dy[j][i], grad + gr * f + gc);
+        if constexpr (kBlocks) {
+          async_copy_slot(stage.gate[j][i], blocks + gr * 2 * f + gc);
+          async_copy_slot(stage.up[j][i], blocks + gr * 2 * f + f + gc);
+          async_copy_slot(stage.gate_inv_scale[j][i], bp.merged_blocks_inv_scale + block_scale_index(gr, gc, p.rows));
+          async_copy_slot(stage.up_inv_scale[j][i], bp.merged_blocks_inv_scale + block_scale_index(gr, f + gc, p.rows));
+        } else {
+          async_copy_slot(stage.gate[j][i], merged + gr * 2 * f + gc);
+          async_copy_slot(stage.up[j][i], merged + gr * 2 * f + f + gc);
+        }
+      });
+    }
+    async_commit();  // an empty group past the last tile keeps the wait's count uniform
+  };
+  issue(blockIdx.x, stages[0]);
   if (threadIdx.x < 32) {
     const bool first = blockIdx.x == 0;
     const float scale =
@@ -301,40 +454,37 @@ __global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluB
   }
   __syncthreads();
   const float scale = s_scale, act_scale = s_act_scale;
-  const T* merged = static_cast<const T*>(p.x);
-  const uint8_t* blocks = static_cast<const uint8_t*>(bp.merged_blocks);
-  const T* grad = static_cast<const T*>(bp.grad);
   uint8_t* out = static_cast<uint8_t*>(p.out);
   uint8_t* out_t = static_cast<uint8_t*>(p.out_t);
   uint8_t* act_t = static_cast<uint8_t*>(bp.act_t);
-  const int64_t f = p.cols;
   const bool transposes = out_t != nullptr || act_t != nullptr;
   float m = 0.f;
-  const int64_t tiles = tile_count(p.rows, f);
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+  int s = 0;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x, s ^= 1) {
+    issue(t + gridDim.x, stages[s ^ 1]);
+    async_wait_all_but_last();
+    const Stage& stage = stages[s];
     const TileAt at = tile_at(t, p.rows);
     if (transposes && t != blockIdx.x) __syncthreads();  // the previous tile's transposed reads are done
-    for_each_tile_vector<V>(at, p.rows, f, [&](int r, int c, int64_t gr, int64_t gc) {
-      Pack<T, V> g, u;
-      if (blocks != nullptr) {
-        g = read_e4m3_block<T, V>(blocks, bp.merged_blocks_inv_scale, gr, gc, 2 * f, p.rows);
-        u = read_e4m3_block<T, V>(blocks, bp.merged_blocks_inv_scale, gr, f + gc, 2 * f, p.rows);
-      } else {
-        const T* row = merged + gr * 2 * f;
-        g = load_pack(row + gc, 0);
-        u = load_pack(row + f + gc, 0);
-      }
-      const Pack<T, V> dy = load_pack(grad + gr * f + gc, 0);
+    for_each_tile_vector<V>(at, p.rows, f, [&](int j, int r, int c, int64_t gr, int64_t gc) {
+      const int i = threadIdx.x;
+      const Pack<float, V> g = staged_merged<T, V>(stage.gate[j][i], stage.gate_inv_scale[kBlocks ? j : 0][i]);
+      const Pack<float, V> u = staged_merged<T, V>(stage.up[j][i], stage.up_inv_scale[kBlocks ? j : 0][i]);
+      const Pack<T, V> dy = stage.dy[j][i];
       Pack<uint8_t, V> qg, qu, qa;
 #pragma unroll
-      for (int k = 0; k < V; ++k) {
-        // The geglu backward kernel's values, rounded to T where it stores them.
-        const GegluGrads e = geglu_grads<T>(to_float(g.v[k]), to_float(u.v[k]), to_float(dy.v[k]));
-        const float dg = round_to<T>(e.d_gate), du = round_to<T>(e.d_up), act = round_to<T>(e.act);
-        m = fmaxf(m, fmaxf(fabsf(dg), fabsf(du)));
-        qg.v[k] = cast_fp8<F>(__fmul_rn(dg, scale));
-        qu.v[k] = cast_fp8<F>(__fmul_rn(du, scale));
-        qa.v[k] = cast_fp8<Fp8Format::kE4m3>(__fmul_rn(act, act_scale));
+      for (int k = 0; k < V; k += 2) {
+        // The geglu backward kernel's values, rounded to T where it stores them; two elements at a time.
+        const GegluGrads2 e = geglu_grads2<T>(make_float2(g.v[k], g.v[k + 1]), make_float2(u.v[k], u.v[k + 1]),
+                                              make_float2(to_float(dy.v[k]), to_float(dy.v[k + 1])));
+        const float2 dg = round_to2<T>(e.d_gate), du = round_to2<T>(e.d_up), act = round_to2<T>(e.act);
+        m = fmaxf(m, fmaxf(fmaxf(fabsf(dg.x), fabsf(du.x)), fmaxf(fabsf(dg.y), fabsf(du.y))));
+        qg.v[k] = cast_fp8<F>(__fmul_rn(dg.x, scale));
+        qg.v[k + 1] = cast_fp8<F>(__fmul_rn(dg.y, scale));
+        qu.v[k] = cast_fp8<F>(__fmul_rn(du.x, scale));
+        qu.v[k + 1] = cast_fp8<F>(__fmul_rn(du.y, scale));
+        qa.v[k] = cast_fp8<Fp8Format::kE4m3>(__fmul_rn(act.x, act_scale));
+        qa.v[k + 1] = cast_fp8<Fp8Format::kE4m3>(__fmul_rn(act.y, act_scale));
       }
       if (out != nullptr) {
         *reinterpret_cast<Pack<uint8_t, V>*>(out + gr * p.out_ld + gc) = qg;
@@ -348,14 +498,15 @@ __global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluB
     });
     if (transposes) {
       __syncthreads();
-      const TilePart part = tile_part();
+      // Three transposed tiles, one per 64 threads (a warp-uniform choice); the last 64 threads have none.
+      const int which = static_cast<int>(threadIdx.x) / kTransposeThreads;
+      const TilePart part = tile_part(static_cast<int>(threadIdx.x) % kTransposeThreads);
       const int64_t gr = at.row0 + part.r, col0 = at.col0;
       if (gr < p.rows && col0 + part.c < f) {
-        if (out_t != nullptr) {
-          write_transposed(tile_g, part, out_t + col0 * p.out_t_ld, p.out_t_ld, gr);
+        if (which == 0 && out_t != nullptr) write_transposed(tile_g, part, out_t + col0 * p.out_t_ld, p.out_t_ld, gr);
+        if (which == 1 && out_t != nullptr)
           write_transposed(tile_u, part, out_t + (f + col0) * p.out_t_ld, p.out_t_ld, gr);
-        }
-        if (act_t != nullptr) write_transposed(tile_a, part, act_t + col0 * bp.act_t_ld, bp.act_t_ld, gr);
+        if (which == 2 && act_t != nullptr) write_transposed(tile_a, part, act_t + col0 * bp.act_t_ld, bp.act_t_ld, gr);
       }
     }
   }
@@ -365,37 +516,50 @@ __global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluB
 // A tile loop's launch: one block per tile up to as many as stay resident at once (each block then walks tiles
 // `gridDim.x` apart), so the scale read and the block's amax reduction and atomic happen once per resident block
 // rather than once per 64 x 64 tile (91k tiles for one backbone GeGLU backward at batch 32).
-template <auto kKernel, typename Params>
+// `Stage`: the kernel's staged-input stage (kStages of them in dynamic shared memory), or void.
+template <auto kKernel, typename Stage, typename Params>
 void launch_tiles(const Params& p, int64_t tiles, cudaStream_t stream) {
-  static const int per_sm = [] {  // per kernel instance: their register counts differ
+  constexpr int kStageBytes = [] {
+    if constexpr (std::is_void_v<Stage>)
+      return 0;
+    else
+      return kStages * static_cast<int>(sizeof(Stage));
+  }();
+  static const int per_sm = [] {  // per kernel instance: their register counts and stages differ
+    VLATUNE_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kStageBytes));
     int blocks = 0;
-    VLATUNE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, kThreads, 0));
+    VLATUNE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, kThreads, kStageBytes));
     return std::max(blocks, 1);
   }();
   const int64_t grid = std::min<int64_t>(tiles, static_cast<int64_t>(fused_detail::sm_count()) * per_sm);
-  kKernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(p);
+  kKernel<<<static_cast<unsigned>(grid), kThreads, kStageBytes, stream>>>(p);
 }
 
 template <typename T, bool kGeglu>
 void launch_quant_typed(const Fp8QuantParams& p, cudaStream_t stream) {
   const int64_t tiles = tile_count(p.rows, p.cols);
   const bool e4m3 = p.format == Fp8Format::kE4m3;
+  using Stage = std::conditional_t<kGeglu, GegluCastStage<T>, void>;
   if (kGeglu && p.blocks_out != nullptr) {
-    if (e4m3) return launch_tiles<fp8_geglu_blocks_quant_kernel<T, Fp8Format::kE4m3>>(p, tiles, stream);
-    return launch_tiles<fp8_geglu_blocks_quant_kernel<T, Fp8Format::kE5m2>>(p, tiles, stream);
+    if (e4m3) return launch_tiles<fp8_geglu_blocks_quant_kernel<T, Fp8Format::kE4m3>, Stage>(p, tiles, stream);
+    return launch_tiles<fp8_geglu_blocks_quant_kernel<T, Fp8Format::kE5m2>, Stage>(p, tiles, stream);
   }
-  if (e4m3) return launch_tiles<fp8_quant_kernel<T, Fp8Format::kE4m3, kGeglu>>(p, tiles, stream);
-  launch_tiles<fp8_quant_kernel<T, Fp8Format::kE5m2, kGeglu>>(p, tiles, stream);
+  if (e4m3) return launch_tiles<fp8_quant_kernel<T, Fp8Format::kE4m3, kGeglu>, Stage>(p, tiles, stream);
+  launch_tiles<fp8_quant_kernel<T, Fp8Format::kE5m2, kGeglu>, Stage>(p, tiles, stream);
 }
 
 template <typename T>
 void launch_geglu_bwd_typed(const Fp8GegluBwdParams& p, cudaStream_t stream) {
   const int64_t tiles = tile_count(p.grad_merged.rows, p.grad_merged.cols);
-  if (p.grad_merged.format == Fp8Format::kE4m3) {
-    launch_tiles<fp8_geglu_bwd_kernel<T, Fp8Format::kE4m3>>(p, tiles, stream);
-  } else {
-    launch_tiles<fp8_geglu_bwd_kernel<T, Fp8Format::kE5m2>>(p, tiles, stream);
+  const bool e4m3 = p.grad_merged.format == Fp8Format::kE4m3;
+  if (p.merged_blocks != nullptr) {
+    using Stage = GegluBwdStage<T, true>;
+    if (e4m3) return launch_tiles<fp8_geglu_bwd_kernel<T, Fp8Format::kE4m3, true>, Stage>(p, tiles, stream);
+    return launch_tiles<fp8_geglu_bwd_kernel<T, Fp8Format::kE5m2, true>, Stage>(p, tiles, stream);
   }
+  using Stage = GegluBwdStage<T, false>;
+  if (e4m3) return launch_tiles<fp8_geglu_bwd_kernel<T, Fp8Format::kE4m3, false>, Stage>(p, tiles, stream);
+  launch_tiles<fp8_geglu_bwd_kernel<T, Fp8Format::kE5m2, false>, Stage>(p, tiles, stream);
 }
 
 bool aligned16(const void* ptr) {
@@ -431,7 +595,9 @@ namespace {
 // GeGLU casts) amax_in may be null; with `need_x` false (the GeGLU backward reading merged's e4m3 blocks), x.
 void check_quant(const Fp8QuantParams& p, const char* op, bool need_amax_in, bool need_x = true) {
   if (!fp8_quantize_supported(p.rows, p.cols))
-    throw std::invalid_argument(std::string(op) + ": rows and cols must be positive multiples of 16, got " +
+    throw std::invalid_argument(std::string(op) +
+                                ": rows and cols must be positive multiples of 16 (at most 2^42 "
+                                "elements), got " +
                                 std::to_string(p.rows) + " x " + std::to_string(p.cols));
   if ((need_x && (p.x == nullptr || !aligned16(p.x))) || (need_amax_in && (p.amax_in == nullptr || p.amax_count < 1)))
     throw std::invalid_argument(std::string(op) + ": x (16-byte aligned) and amax_in are required");

@@ -42,6 +42,16 @@ template <typename T>
 __device__ __forceinline__ float round_to(float x) {
   return to_float(from_float<T>(x));
 }
+// round_to of two values in one conversion instruction (bf16: cvt.rn.bf16x2.f32): the same values, fewer
+// instructions for the issue-bound fused casts.
+template <typename T>
+__device__ __forceinline__ float2 round_to2(float2 x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ float2 round_to2<__nv_bfloat16>(float2 x) {
+  return __bfloat1622float2(__float22bfloat162_rn(x));
+}
 
 template <typename T>
 __device__ __forceinline__ Pack<T, kVec<T>> load_pack(const T* p, int64_t vec_index) {

@@ -27,4 +27,25 @@ __device__ __forceinline__ GegluGrads geglu_grads(float gate, float up, float d)
   return {round_to<T>(d * up) * pair.slope, d * gelu, gelu * up};
 }
 
+// geglu_value and geglu_grads for two elements (.x and .y), the roundings to T paired (round_to2): the same values,
+// for the issue-bound fused FP8 casts. Their byte-equality tests against the geglu kernels cover both forms.
+template <typename T>
+__device__ __forceinline__ float2 geglu_value2(float2 gate, float2 up) {
+  const float2 gelu = round_to2<T>(make_float2(gelu_tanh(gate.x), gelu_tanh(gate.y)));
+  return make_float2(gelu.x * up.x, gelu.y * up.y);
+}
+
+struct GegluGrads2 {
+  float2 d_gate, d_up, act;
+};
+
+template <typename T>
+__device__ __forceinline__ GegluGrads2 geglu_grads2(float2 gate, float2 up, float2 d) {
+  const GeluTanhPair px = gelu_tanh_pair(gate.x), py = gelu_tanh_pair(gate.y);
+  const float2 gelu = round_to2<T>(make_float2(px.value, py.value));
+  const float2 d_up_rounded = round_to2<T>(make_float2(d.x * up.x, d.y * up.y));
+  return {make_float2(d_up_rounded.x * px.slope, d_up_rounded.y * py.slope), make_float2(d.x * gelu.x, d.y * gelu.y),
+          make_float2(gelu.x * up.x, gelu.y * up.y)};
+}
+
 }  // namespace vlatune::kernels::fused_detail
