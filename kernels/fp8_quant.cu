@@ -33,6 +33,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kTile = 64;  // a block casts 64 x 64 tiles: rows read as 16-byte vectors, the transpose via smem
 constexpr int kAmaxBlocksPerSm = 8;
+constexpr int64_t kMaxWalkTiles = int64_t{1} << 30;  // TileWalk's int arithmetic
 
 template <Fp8Format F>
 __device__ __forceinline__ uint8_t cast_fp8(float x) {
@@ -84,6 +85,37 @@ __host__ __device__ __forceinline__ int64_t tile_count(int64_t rows, int64_t col
 __device__ __forceinline__ TileAt tile_at(int64_t tile, int64_t rows) {
   const int64_t row_tiles = (rows + kTile - 1) / kTile;
   return {(tile % row_tiles) * kTile, (tile / row_tiles) * kTile};
+}
+
+// The GeGLU casts' walk over the same tiles (blockIdx.x, then every gridDim.x-th, in tile_at's order), stepped by
+// additions instead of a division per tile: with it the staged GeGLU casts ran 1.69 -> 1.56 ms (backward) and
+// 1.10 -> 1.04 ms (forward) per backbone layer; the plain cast ran slower with it (more registers) and keeps
+// tile_at. The GeGLU launches keep the tile count within int (kMaxWalkTiles).
+struct TileWalk {
+  int row_tile, col_tile;    // the current tile
+  int row_tiles, col_tiles;  // of the matrix
+  int step_rows, step_cols;  // gridDim.x tiles as whole columns of tiles and a remainder of row tiles
+
+  __device__ __forceinline__ bool valid() const { return col_tile < col_tiles; }
+  __device__ __forceinline__ TileAt at() const {
+    return {static_cast<int64_t>(row_tile) * kTile, static_cast<int64_t>(col_tile) * kTile};
+  }
+  __device__ __forceinline__ TileWalk next() const {
+    TileWalk w = *this;
+    w.row_tile += step_rows;
+    w.col_tile += step_cols;
+    if (w.row_tile >= row_tiles) {
+      w.row_tile -= row_tiles;
+      ++w.col_tile;
+    }
+    return w;
+  }
+};
+__device__ __forceinline__ TileWalk tile_walk(int64_t rows, int64_t cols) {
+  const int row_tiles = static_cast<int>((rows + kTile - 1) / kTile);
+  const int col_tiles = static_cast<int>((cols + kTile - 1) / kTile);
+  const int first = static_cast<int>(blockIdx.x), step = static_cast<int>(gridDim.x);
+  return {first % row_tiles, first / row_tiles, row_tiles, col_tiles, step % row_tiles, step / row_tiles};
 }
 
 // This thread's 16-byte vectors (V elements of T) of tile `at` inside a [rows, cols] matrix: body(j, r, c, gr, gc)
@@ -254,95 +286,130 @@ __device__ __forceinline__ float warp_scale_from(const float* amax_in, int count
   return (amax > 0.f && isfinite(amax)) ? __fdiv_rn(fmax, amax) : 1.f;
 }
 
+// The cast of one vector: amax into m, the FP8 bytes stored row-major (out) and into the transposed write's tile.
+template <Fp8Format F, typename T, int V>
+__device__ __forceinline__ void cast_vector(const Pack<T, V>& v, float scale, float& m, uint8_t* out, Tile& tile,
+                                            bool to_tile, int r, int c) {
+  Pack<uint8_t, V> q;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const float f = to_float(v.v[k]);
+    m = fmaxf(m, fabsf(f));
+    q.v[k] = cast_fp8<F>(__fmul_rn(f, scale));
+  }
+  if (out != nullptr) *reinterpret_cast<Pack<uint8_t, V>*>(out) = q;
+  if (to_tile) *reinterpret_cast<Pack<uint8_t, V>*>(&tile[r][tile_col(r, c)]) = q;
+}
+
+// The cast's scale from p.amax_in, read by warp 0 into s_scale; block 0 also writes inv_scale_out and amax_used_out.
+// The caller's barrier publishes it.
+template <Fp8Format F>
+__device__ __forceinline__ void read_scale(const Fp8QuantParams& p, float& s_scale) {
+  if (threadIdx.x >= 32) return;
+  const bool first = blockIdx.x == 0;
+  const float scale =
+      warp_scale_from(p.amax_in, p.amax_count, p.amax_skip, fp8_max_value(F), first ? p.amax_used_out : nullptr);
+  if (threadIdx.x == 0) {
+    s_scale = scale;
+    if (first && p.inv_scale_out != nullptr) p.inv_scale_out[0] = __fdiv_rn(1.f, scale);
+  }
+}
+
+// The plain cast, x [rows, cols]: x loaded directly (staged, the copies' extra instructions made it slower:
+// 0.50 -> 0.56 ms for [22,784, 16,384]), the transposed copy written byte-wise by every thread.
+template <typename T, Fp8Format F>
+__global__ void __launch_bounds__(kThreads) fp8_quant_kernel(const Fp8QuantParams p) {
+  constexpr int V = kVec<T>;  // elements per 16-byte load: 8 bf16, 4 fp32
+  __shared__ float s_scale;
+  __shared__ __align__(16) Tile tile;  // FP8 tile for the transposed write
+  read_scale<F>(p, s_scale);
+  __syncthreads();
+  const float scale = s_scale;
+  const T* x = static_cast<const T*>(p.x);
+  uint8_t* out = static_cast<uint8_t*>(p.out);
+  uint8_t* out_t = static_cast<uint8_t*>(p.out_t);
+  float m = 0.f;
+  const int64_t tiles = tile_count(p.rows, p.cols);
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const TileAt at = tile_at(t, p.rows);
+    if (out_t != nullptr && t != blockIdx.x) __syncthreads();  // the previous tile's transposed reads are done
+    for_each_tile_vector<V>(at, p.rows, p.cols, [&](int, int r, int c, int64_t gr, int64_t gc) {
+      cast_vector<F>(load_pack(x + gr * p.cols + gc, 0), scale, m, out ? out + gr * p.out_ld + gc : nullptr, tile,
+                     out_t != nullptr, r, c);
+    });
+    if (out_t != nullptr) {
+      __syncthreads();
+      write_transposed_bytes(tile, out_t + at.col0 * p.out_t_ld, p.out_t_ld, at, p.rows, p.cols);
+    }
+  }
+  record_amax(m, p.amax_out);
+}
+
 // One stage of the GeGLU casts' staged inputs (kStages of them in stage_smem): slot [half][j][thread], one 16-byte
-// vector of merged's gate (0) or up (1) half each. The plain casts load x directly: staged, their extra copy
-// instructions made them slower (0.50 -> 0.56 ms for [22,784, 16,384]), as they are issue-bound, not waiting on
-// memory.
+// vector of merged's gate (0) or up (1) half each.
 template <typename T>
 struct GegluCastStage {
   static constexpr int V = kVec<T>;
   Pack<T, V> in[2][kTileVectors<V>][kThreads];
 };
 
-// The cast kernels' body. kGeglu: x is merged [rows, 2 * cols] and the value cast is geglu(merged), rounded to T as
-// the geglu kernel stores it; otherwise x is [rows, cols]. kBlocks (kGeglu only): merged also goes to p.blocks_out.
-template <typename T, Fp8Format F, bool kGeglu, bool kBlocks>
-__device__ __forceinline__ void quantize_tiles(const Fp8QuantParams& p) {
-  constexpr int V = kVec<T>;  // elements per 16-byte load: 8 bf16, 4 fp32
+// The GeGLU casts' body: merged [rows, 2 * cols] staged a tile ahead, the value cast geglu(merged) rounded to T as
+// the geglu kernel stores it, the transposed copy written word-wise. kBlocks: merged also goes to p.blocks_out.
+template <typename T, Fp8Format F, bool kBlocks>
+__device__ __forceinline__ void geglu_quantize_tiles(const Fp8QuantParams& p) {
+  constexpr int V = kVec<T>;
   using Stage = GegluCastStage<T>;
-  Stage* stages = reinterpret_cast<Stage*>(stage_smem);  // kGeglu only
+  Stage* stages = reinterpret_cast<Stage*>(stage_smem);
   __shared__ float s_scale;
-  __shared__ __align__(16) Tile tile;  // FP8 tile for the transposed write
+  __shared__ __align__(16) Tile tile;
   const T* x = static_cast<const T*>(p.x);
-  const int64_t tiles = tile_count(p.rows, p.cols);
-  const auto issue = [&](int64_t t, Stage& stage) {
-    if constexpr (kGeglu) {
-      if (t < tiles) {
-        for_each_tile_vector<V>(tile_at(t, p.rows), p.rows, p.cols, [&](int j, int, int, int64_t gr, int64_t gc) {
-          const T* row = x + gr * 2 * p.cols;
-          async_copy_slot(stage.in[0][j][threadIdx.x], row + gc);
-          async_copy_slot(stage.in[1][j][threadIdx.x], row + p.cols + gc);
-        });
-      }
-      async_commit();  // an empty group past the last tile keeps the wait's count uniform
+  const auto issue = [&](const TileWalk& w, Stage& stage) {
+    if (w.valid()) {
+      for_each_tile_vector<V>(w.at(), p.rows, p.cols, [&](int j, int, int, int64_t gr, int64_t gc) {
+        const T* row = x + gr * 2 * p.cols;
+        async_copy_slot(stage.in[0][j][threadIdx.x], row + gc);
+        async_copy_slot(stage.in[1][j][threadIdx.x], row + p.cols + gc);
+      });
     }
+    async_commit();  // an empty group past the last tile keeps the wait's count uniform
   };
-  issue(blockIdx.x, stages[0]);
-  if (threadIdx.x < 32) {
-    const bool first = blockIdx.x == 0;
-    const float scale =
-        warp_scale_from(p.amax_in, p.amax_count, p.amax_skip, fp8_max_value(F), first ? p.amax_used_out : nullptr);
-    if (threadIdx.x == 0) {
-      s_scale = scale;
-      if (first && p.inv_scale_out != nullptr) p.inv_scale_out[0] = __fdiv_rn(1.f, scale);
-    }
-  }
+  TileWalk walk = tile_walk(p.rows, p.cols);
+  issue(walk, stages[0]);
+  read_scale<F>(p, s_scale);
   __syncthreads();
   const float scale = s_scale;
   uint8_t* out = static_cast<uint8_t*>(p.out);
   uint8_t* out_t = static_cast<uint8_t*>(p.out_t);
   float m = 0.f;
   int s = 0;
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x, s ^= 1) {
-    issue(t + gridDim.x, stages[s ^ 1]);
-    if constexpr (kGeglu) async_wait_all_but_last();
+  for (bool first = true; walk.valid(); first = false, s ^= 1) {
+    const TileWalk next = walk.next();
+    issue(next, stages[s ^ 1]);
+    async_wait_all_but_last();
     const Stage& stage = stages[s];
-    const TileAt at = tile_at(t, p.rows);
-    if (out_t != nullptr && t != blockIdx.x) __syncthreads();  // the previous tile's transposed reads are done
+    const TileAt at = walk.at();
+    walk = next;
+    if (out_t != nullptr && !first) __syncthreads();  // the previous tile's transposed reads are done
     for_each_tile_vector<V>(at, p.rows, p.cols, [&](int j, int r, int c, int64_t gr, int64_t gc) {
+      const Pack<T, V> g = stage.in[0][j][threadIdx.x], u = stage.in[1][j][threadIdx.x];
+      if constexpr (kBlocks) {
+        uint8_t* blocks = static_cast<uint8_t*>(p.blocks_out);
+        write_e4m3_block<T, V>(g, gr, gc, 2 * p.cols, p.rows, blocks, p.blocks_inv_scale_out);
+        write_e4m3_block<T, V>(u, gr, p.cols + gc, 2 * p.cols, p.rows, blocks, p.blocks_inv_scale_out);
+      }
       Pack<T, V> v;
-      if constexpr (kGeglu) {
-        const Pack<T, V> g = stage.in[0][j][threadIdx.x], u = stage.in[1][j][threadIdx.x];
-        if constexpr (kBlocks) {
-          uint8_t* blocks = static_cast<uint8_t*>(p.blocks_out);
-          write_e4m3_block<T, V>(g, gr, gc, 2 * p.cols, p.rows, blocks, p.blocks_inv_scale_out);
-          write_e4m3_block<T, V>(u, gr, p.cols + gc, 2 * p.cols, p.rows, blocks, p.blocks_inv_scale_out);
-        }
 #pragma unroll
-        for (int k = 0; k < V; k += 2) {
-          const float2 a = geglu_value2<T>(make_float2(to_float(g.v[k]), to_float(g.v[k + 1])),
-                                           make_float2(to_float(u.v[k]), to_float(u.v[k + 1])));
-          v.v[k] = from_float<T>(a.x);
-          v.v[k + 1] = from_float<T>(a.y);
-        }
-      } else {
-        v = load_pack(x + gr * p.cols + gc, 0);
+      for (int k = 0; k < V; k += 2) {
+        const float2 a = geglu_value2<T>(make_float2(to_float(g.v[k]), to_float(g.v[k + 1])),
+                                         make_float2(to_float(u.v[k]), to_float(u.v[k + 1])));
+        v.v[k] = from_float<T>(a.x);
+        v.v[k + 1] = from_float<T>(a.y);
       }
-      Pack<uint8_t, V> q;
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const float f = to_float(v.v[k]);
-        m = fmaxf(m, fabsf(f));
-        q.v[k] = cast_fp8<F>(__fmul_rn(f, scale));
-      }
-      if (out != nullptr) *reinterpret_cast<Pack<uint8_t, V>*>(out + gr * p.out_ld + gc) = q;
-      if (out_t != nullptr) *reinterpret_cast<Pack<uint8_t, V>*>(&tile[r][tile_col(r, c)]) = q;
+      cast_vector<F>(v, scale, m, out ? out + gr * p.out_ld + gc : nullptr, tile, out_t != nullptr, r, c);
     });
     if (out_t != nullptr) {
       __syncthreads();
-      if constexpr (!kGeglu) {
-        write_transposed_bytes(tile, out_t + at.col0 * p.out_t_ld, p.out_t_ld, at, p.rows, p.cols);
-      } else if (threadIdx.x < kTransposeThreads) {
+      if (threadIdx.x < kTransposeThreads) {
         const TilePart part = tile_part(threadIdx.x);
         const int64_t gr = at.row0 + part.r;
         if (gr < p.rows && at.col0 + part.c < p.cols)
@@ -353,18 +420,17 @@ __device__ __forceinline__ void quantize_tiles(const Fp8QuantParams& p) {
   record_amax(m, p.amax_out);
 }
 
-template <typename T, Fp8Format F, bool kGeglu>
-__global__ void __launch_bounds__(kThreads) fp8_quant_kernel(const Fp8QuantParams p) {
-  quantize_tiles<T, F, kGeglu, false>(p);
+template <typename T, Fp8Format F>
+__global__ void __launch_bounds__(kThreads) fp8_geglu_quant_kernel(const Fp8QuantParams p) {
+  geglu_quantize_tiles<T, F, false>(p);
 }
 
-// The forward GeGLU cast that also writes merged's e4m3 blocks, compiled for one resident block per SM: 70 registers
-// instead of the 48 the compiler picks without that bound, and 1.50 -> 1.38 ms per backbone layer at batch 32
-// (bench/RESULTS.md, 2026-12-02, sixth session). The other casts keep the compiler's choice (30-48 registers): the
-// bound made them no faster or slower there.
+// The forward GeGLU cast that also writes merged's e4m3 blocks, compiled for a minimum of one resident block per SM:
+// the compiler then takes more registers (80, against 48 without the bound), which took this cast from 1.50 to
+// 1.38 ms per backbone layer at batch 32 when it was introduced (bench/RESULTS.md, 2026-12-02, sixth session).
 template <typename T, Fp8Format F>
 __global__ void __launch_bounds__(kThreads, 1) fp8_geglu_blocks_quant_kernel(const Fp8QuantParams p) {
-  quantize_tiles<T, F, true, true>(p);
+  geglu_quantize_tiles<T, F, true>(p);
 }
 
 // One stage of the GeGLU backward's staged inputs: dy and, per half of merged, its 16-byte vector (kBlocks false)
@@ -420,10 +486,9 @@ __global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluB
   const uint8_t* blocks = static_cast<const uint8_t*>(bp.merged_blocks);
   const T* grad = static_cast<const T*>(bp.grad);
   const int64_t f = p.cols;
-  const int64_t tiles = tile_count(p.rows, f);
-  const auto issue = [&](int64_t t, Stage& stage) {
-    if (t < tiles) {
-      for_each_tile_vector<V>(tile_at(t, p.rows), p.rows, f, [&](int j, int, int, int64_t gr, int64_t gc) {
+  const auto issue = [&](const TileWalk& w, Stage& stage) {
+    if (w.valid()) {
+      for_each_tile_vector<V>(w.at(), p.rows, f, [&](int j, int, int, int64_t gr, int64_t gc) {
         const int i = threadIdx.x;
         async_copy_slot(stage.dy[j][i], grad + gr * f + gc);
         if constexpr (kBlocks) {
@@ -439,7 +504,8 @@ __global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluB
     }
     async_commit();  // an empty group past the last tile keeps the wait's count uniform
   };
-  issue(blockIdx.x, stages[0]);
+  TileWalk walk = tile_walk(p.rows, f);
+  issue(walk, stages[0]);
   if (threadIdx.x < 32) {
     const bool first = blockIdx.x == 0;
     const float scale =
@@ -460,12 +526,14 @@ __global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluB
   const bool transposes = out_t != nullptr || act_t != nullptr;
   float m = 0.f;
   int s = 0;
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x, s ^= 1) {
-    issue(t + gridDim.x, stages[s ^ 1]);
+  for (bool first = true; walk.valid(); first = false, s ^= 1) {
+    const TileWalk next = walk.next();
+    issue(next, stages[s ^ 1]);
     async_wait_all_but_last();
     const Stage& stage = stages[s];
-    const TileAt at = tile_at(t, p.rows);
-    if (transposes && t != blockIdx.x) __syncthreads();  // the previous tile's transposed reads are done
+    const TileAt at = walk.at();
+    walk = next;
+    if (transposes && !first) __syncthreads();  // the previous tile's transposed reads are done
     for_each_tile_vector<V>(at, p.rows, f, [&](int j, int r, int c, int64_t gr, int64_t gc) {
       const int i = threadIdx.x;
       const Pack<float, V> g = staged_merged<T, V>(stage.gate[j][i], stage.gate_inv_scale[kBlocks ? j : 0][i]);
@@ -539,13 +607,18 @@ template <typename T, bool kGeglu>
 void launch_quant_typed(const Fp8QuantParams& p, cudaStream_t stream) {
   const int64_t tiles = tile_count(p.rows, p.cols);
   const bool e4m3 = p.format == Fp8Format::kE4m3;
-  using Stage = std::conditional_t<kGeglu, GegluCastStage<T>, void>;
-  if (kGeglu && p.blocks_out != nullptr) {
-    if (e4m3) return launch_tiles<fp8_geglu_blocks_quant_kernel<T, Fp8Format::kE4m3>, Stage>(p, tiles, stream);
-    return launch_tiles<fp8_geglu_blocks_quant_kernel<T, Fp8Format::kE5m2>, Stage>(p, tiles, stream);
+  if constexpr (kGeglu) {
+    using Stage = GegluCastStage<T>;
+    if (p.blocks_out != nullptr) {
+      if (e4m3) return launch_tiles<fp8_geglu_blocks_quant_kernel<T, Fp8Format::kE4m3>, Stage>(p, tiles, stream);
+      return launch_tiles<fp8_geglu_blocks_quant_kernel<T, Fp8Format::kE5m2>, Stage>(p, tiles, stream);
+    }
+    if (e4m3) return launch_tiles<fp8_geglu_quant_kernel<T, Fp8Format::kE4m3>, Stage>(p, tiles, stream);
+    return launch_tiles<fp8_geglu_quant_kernel<T, Fp8Format::kE5m2>, Stage>(p, tiles, stream);
+  } else {
+    if (e4m3) return launch_tiles<fp8_quant_kernel<T, Fp8Format::kE4m3>, void>(p, tiles, stream);
+    launch_tiles<fp8_quant_kernel<T, Fp8Format::kE5m2>, void>(p, tiles, stream);
   }
-  if (e4m3) return launch_tiles<fp8_quant_kernel<T, Fp8Format::kE4m3, kGeglu>, Stage>(p, tiles, stream);
-  launch_tiles<fp8_quant_kernel<T, Fp8Format::kE5m2, kGeglu>, Stage>(p, tiles, stream);
 }
 
 template <typename T>
@@ -616,9 +689,17 @@ void check_blocks(const void* data, const float* inv_scale, int64_t f, const cha
                                 std::to_string(kGegluBlock) + ", got F " + std::to_string(f));
 }
 
+// The GeGLU casts' tiles fit TileWalk's int arithmetic.
+void check_walk(int64_t rows, int64_t cols, const char* op) {
+  if (tile_count(rows, cols) > kMaxWalkTiles)
+    throw std::invalid_argument(std::string(op) + ": " + std::to_string(rows) + " x " + std::to_string(cols) +
+                                " is more than 2^30 tiles of 64 x 64");
+}
+
 template <bool kGeglu>
 void launch_quant(const Fp8QuantParams& p, CUstream_st* stream, const char* op) {
   if (!kGeglu && p.blocks_out != nullptr) throw std::invalid_argument(std::string(op) + ": blocks are GeGLU's");
+  if (kGeglu) check_walk(p.rows, p.cols, op);
   check_blocks(p.blocks_out, p.blocks_inv_scale_out, p.cols, op);
   const bool writes = p.out != nullptr || p.out_t != nullptr || p.blocks_out != nullptr;
   check_quant(p, op, !kGeglu || writes);
@@ -645,6 +726,7 @@ void launch_fp8_geglu_quantize(const Fp8QuantParams& p, CUstream_st* stream) {
 void launch_fp8_geglu_backward_quantize(const Fp8GegluBwdParams& p, CUstream_st* stream) {
   const char* op = "vlatune::fp8_geglu_backward_quantize";
   const Fp8QuantParams& g = p.grad_merged;
+  check_walk(g.rows, g.cols, op);
   const bool writes = g.out != nullptr || g.out_t != nullptr || p.act_t != nullptr;
   check_quant(g, op, writes, p.merged_blocks == nullptr);
   check_blocks(p.merged_blocks, p.merged_blocks_inv_scale, g.cols, op);
