@@ -89,8 +89,9 @@ __device__ __forceinline__ TileAt tile_at(int64_t tile, int64_t rows) {
 
 // The GeGLU casts' walk over the same tiles (blockIdx.x, then every gridDim.x-th, in tile_at's order), stepped by
 // additions instead of a division per tile: with it the staged GeGLU casts ran 1.69 -> 1.56 ms (backward) and
-// 1.10 -> 1.04 ms (forward) per backbone layer; the plain cast ran slower with it (more registers) and keeps
-// tile_at. The GeGLU launches keep the tile count within int (kMaxWalkTiles).
+// 1.10 -> 1.05 ms (forward) per backbone layer at batch 32. The plain cast ran slower with it (0.056 -> 0.063 ms
+// for [22,784, 2,048]: more registers, fewer resident blocks) and keeps tile_at. The GeGLU launches keep the tile
+// count within int (kMaxWalkTiles).
 struct TileWalk {
   int row_tile, col_tile;    // the current tile
   int row_tiles, col_tiles;  // of the matrix
@@ -136,11 +137,12 @@ __device__ __forceinline__ void for_each_tile_vector(TileAt at, int64_t rows, in
   }
 }
 
-// The casts read their inputs one tile ahead: a block issues the next tile's loads as asynchronous copies into shared
-// memory (cp.async) before it casts the current tile, so a tile's loads are in flight while the previous one is
-// cast and stored. Each thread copies and later reads only its own vectors' slots, so waiting for its own copies
-// (no barrier) makes them visible, and a stage is refilled only after the thread consumed it the iteration before.
-// Loading into registers instead held fewer bytes in flight per SM and left the casts at ~2.1 TB/s.
+// The GeGLU casts read their inputs one tile ahead: a block issues the next tile's loads as asynchronous copies into
+// shared memory (cp.async) before it casts the current tile, so they are in flight while it computes and stores.
+// Each thread copies and later reads only its own vectors' slots, so waiting for its own copies (no barrier) makes
+// them visible, and a stage is refilled only after the thread consumed it the iteration before. The casts are
+// issue-bound (ncu: ~75% of issue slots busy, DRAM at 35-45% of peak); staging mostly helps the forward cast that
+// writes e4m3 blocks, which has few warps per SM to hide its loads with.
 constexpr int kStages = 2;
 extern __shared__ __align__(16) unsigned char stage_smem[];
 
@@ -205,7 +207,7 @@ __device__ __forceinline__ void write_transposed(const Tile& tile, TilePart part
 
 // The plain casts' transposed write, by all kThreads threads: tile column c = threadIdx.x / 4 to output row c, 16
 // source rows per thread read byte by byte. With one output tile, spreading it over every thread beat the word-wise
-// shares of 64 threads (0.50 against 0.51 ms for [22,784, 16,384]).
+// shares of 64 threads (0.0627 against 0.0642 ms for [22,784, 2,048]).
 __device__ __forceinline__ void write_transposed_bytes(const Tile& tile, uint8_t* out_row0, int64_t ld, TileAt at,
                                                        int64_t rows, int64_t cols) {
   const int c = static_cast<int>(threadIdx.x) / (kTile / 16), r = (static_cast<int>(threadIdx.x) % (kTile / 16)) * 16;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/fp8.h"
 #include "kernels/fp8_ops.h"
 #include "kernels/fused_ops.h"
 #include "model/float8_linear.h"
@@ -477,6 +478,19 @@ TEST_CASE("The FP8 GeGLU casts equal GeGLU then the plain cast, and refuse bad s
   CHECK_THROWS_WITH(
       k::fp8_geglu_backward_quantize_into(grad, merged, k::Fp8Format::kE5m2, hist, -1, torch::Tensor(), outs.bwd),
       Catch::Contains("act_amax"));
+
+#ifdef VLATUNE_HAVE_CUDA
+  // The raw launchers refuse, before touching memory, more tiles than their tile walk counts in int.
+  k::Fp8QuantParams huge;
+  huge.rows = int64_t{1} << 32;
+  huge.cols = int64_t{1} << 16;
+  CHECK_THROWS_WITH(k::launch_fp8_geglu_quantize(huge, nullptr),
+                    Catch::Contains("fp8_geglu_quantize") && Catch::Contains("more than 2^30 tiles"));
+  k::Fp8GegluBwdParams huge_bwd;
+  huge_bwd.grad_merged = huge;
+  CHECK_THROWS_WITH(k::launch_fp8_geglu_backward_quantize(huge_bwd, nullptr),
+                    Catch::Contains("fp8_geglu_backward_quantize") && Catch::Contains("more than 2^30 tiles"));
+#endif
 }
 
 TEST_CASE("The CUDA FP8 GeGLU casts equal the geglu kernels then the cast kernel, byte for byte", "[.gpu][fp8]") {
