@@ -168,6 +168,21 @@ __device__ __forceinline__ void async_copy_slot(Slot& dst, const void* src) {
   async_copy<sizeof(Slot)>(&dst, src);
 }
 
+// The staged tile loop of the GeGLU casts. The block's first tile (walk) must be issued into stages[0] already, so
+// that its copies overlap the scale read; issue(tile, stage) copies a tile's inputs (or commits an empty group past
+// the last tile), body(at, stage, first) casts a tile once its copies have landed.
+template <typename Stage, typename Issue, typename Body>
+__device__ __forceinline__ void for_each_staged_tile(TileWalk walk, Stage* stages, Issue issue, Body body) {
+  int s = 0;
+  for (bool first = true; walk.valid(); first = false, s ^= 1) {
+    const TileWalk next = walk.next();
+    issue(next, stages[s ^ 1]);
+    async_wait_all_but_last();
+    body(walk.at(), stages[s], first);
+    walk = next;
+  }
+}
+
 // A share of a tile's transposed write: 4 tile columns (c, a multiple of 4) by 16 rows from r, read as 16 4-byte words
 // and transposed by byte permutes into 4 output rows of 16 bytes. 64 threads write a whole tile
 // (kTransposeThreads); byte-wise reads took about twice the instructions.
@@ -375,7 +390,7 @@ __device__ __forceinline__ void geglu_quantize_tiles(const Fp8QuantParams& p) {
     }
     async_commit();  // an empty group past the last tile keeps the wait's count uniform
   };
-  TileWalk walk = tile_walk(p.rows, p.cols);
+  const TileWalk walk = tile_walk(p.rows, p.cols);
   issue(walk, stages[0]);
   read_scale<F>(p, s_scale);
   __syncthreads();
@@ -383,14 +398,7 @@ __device__ __forceinline__ void geglu_quantize_tiles(const Fp8QuantParams& p) {
   uint8_t* out = static_cast<uint8_t*>(p.out);
   uint8_t* out_t = static_cast<uint8_t*>(p.out_t);
   float m = 0.f;
-  int s = 0;
-  for (bool first = true; walk.valid(); first = false, s ^= 1) {
-    const TileWalk next = walk.next();
-    issue(next, stages[s ^ 1]);
-    async_wait_all_but_last();
-    const Stage& stage = stages[s];
-    const TileAt at = walk.at();
-    walk = next;
+  for_each_staged_tile(walk, stages, issue, [&](const TileAt& at, const Stage& stage, bool first) {
     if (out_t != nullptr && !first) __syncthreads();  // the previous tile's transposed reads are done
     for_each_tile_vector<V>(at, p.rows, p.cols, [&](int j, int r, int c, int64_t gr, int64_t gc) {
       const Pack<T, V> g = stage.in[0][j][threadIdx.x], u = stage.in[1][j][threadIdx.x];
@@ -418,7 +426,7 @@ __device__ __forceinline__ void geglu_quantize_tiles(const Fp8QuantParams& p) {
           write_transposed(tile, part, out_t + at.col0 * p.out_t_ld, p.out_t_ld, gr);
       }
     }
-  }
+  });
   record_amax(m, p.amax_out);
 }
 
@@ -506,7 +514,7 @@ __global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluB
     }
     async_commit();  // an empty group past the last tile keeps the wait's count uniform
   };
-  TileWalk walk = tile_walk(p.rows, f);
+  const TileWalk walk = tile_walk(p.rows, f);
   issue(walk, stages[0]);
   if (threadIdx.x < 32) {
     const bool first = blockIdx.x == 0;
@@ -527,14 +535,7 @@ __global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluB
   uint8_t* act_t = static_cast<uint8_t*>(bp.act_t);
   const bool transposes = out_t != nullptr || act_t != nullptr;
   float m = 0.f;
-  int s = 0;
-  for (bool first = true; walk.valid(); first = false, s ^= 1) {
-    const TileWalk next = walk.next();
-    issue(next, stages[s ^ 1]);
-    async_wait_all_but_last();
-    const Stage& stage = stages[s];
-    const TileAt at = walk.at();
-    walk = next;
+  for_each_staged_tile(walk, stages, issue, [&](const TileAt& at, const Stage& stage, bool first) {
     if (transposes && !first) __syncthreads();  // the previous tile's transposed reads are done
     for_each_tile_vector<V>(at, p.rows, f, [&](int j, int r, int c, int64_t gr, int64_t gc) {
       const int i = threadIdx.x;
@@ -579,7 +580,7 @@ __global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluB
         if (which == 2 && act_t != nullptr) write_transposed(tile_a, part, act_t + col0 * bp.act_t_ld, bp.act_t_ld, gr);
       }
     }
-  }
+  });
   record_amax(m, p.amax_out);
 }
 
