@@ -142,7 +142,9 @@ struct CudnnJointAttentionFn : public torch::autograd::Function<CudnnJointAttent
     a.stats = stats_suffix.data_ptr<float>();
     cudnn_sdpa_forward(problems.suffix, a, workspaces.allocator(), stream);
     if (prefix_queries) {
-      out_prefix = at::empty({batch * prefix_len, h, d}, q.options());
+      // Zeros: the rows past prefix_seq_q (padded queries, dead) are not computed, and later layers' amax passes
+      // and weight-gradient GEMMs read every row, so they must hold finite values.
+      out_prefix = at::zeros({batch * prefix_len, h, d}, q.options());
       stats_prefix = at::empty({batch, h, prefix_len}, f32);
       a.q = q.data_ptr();
       a.k = element_ptr(kb, problems.prefix_k_offset);
@@ -181,7 +183,8 @@ struct CudnnJointAttentionFn : public torch::autograd::Function<CudnnJointAttent
     };
     const at::Tensor d_suffix = grad_of(prefix_queries ? 1 : 0, out_suffix);
     const at::Tensor kb = k.index_select(0, kv_order), vb = v.index_select(0, kv_order);
-    at::Tensor dq = at::empty_like(q);
+    // Zeros: the padded prefix queries past prefix_seq_q get no gradient from cuDNN (it is zero: they are dead).
+    at::Tensor dq = prefix_queries ? at::zeros_like(q) : at::empty_like(q);
     // One extra row: the zero gradient of padded keys (kv_grad_slot points them there).
     at::Tensor dkb = at::empty({batch * n + 1, hk, d}, k.options()), dvb = at::empty_like(dkb);
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -267,7 +270,9 @@ VarlenLayout joint_varlen_layout(const at::Tensor& valid, int64_t prefix_len, bo
     const at::Tensor key_valid = at::cat({vp, at::ones({b, s}, valid.options())}, 1);
     layout.kv_grad_slot = at::where(key_valid, dest, b * n).reshape({-1});
     const auto ints = valid.options().dtype(at::kInt);
-    layout.prefix_seq_q = at::full({b}, p, ints);
+    // A sample's prefix queries up to its last valid prefix position; those after it (text padding) are dead
+    // rows that cuDNN then skips.
+    layout.prefix_seq_q = (vp.to(at::kInt) * at::arange(1, p + 1, ints)).amax(1).clamp_min(1).to(at::kInt);
     layout.prefix_seq_kv = lp.to(at::kInt);
     layout.suffix_seq_q = at::full({b}, s, ints);
     layout.suffix_seq_kv = (lp + s).to(at::kInt);

@@ -24,7 +24,9 @@
 //
 // Exactness: valid rows are unchanged (each sees exactly its allowed keys). A padded text query, whose old row saw
 // the valid prefix keys and itself, now sees the valid prefix keys only: its output is dead (no valid row reads a
-// padded position, which is masked as a key), so the loss and every parameter gradient are the same.
+// padded position, which is masked as a key), so the loss and every parameter gradient are the same. On cuDNN the
+// padded queries after a sample's last valid prefix position (the text padding) are not computed at all: their
+// output rows are zeros, and their gradient, zero for a dead row anyway, too.
 //
 // No host synchronization: the layout is built on the device with capacity-sized buffers (2 B P + B S key slots
 // for FlashAttention, B N for cuDNN); slots past a call's last sequence are never read by the kernels.
@@ -56,7 +58,8 @@ struct VarlenLayout {
   // cuDNN: sample b's keys in buffer rows [b N, (b + 1) N): suffix keys, valid prefix keys, padded prefix keys.
   at::Tensor kv_order;      // int64 [B N]: buffer row -> key row
   at::Tensor kv_grad_slot;  // int64 [B N]: key row -> buffer row; B N (a zeroed extra row) for a padded key
-  at::Tensor prefix_seq_q, prefix_seq_kv, suffix_seq_q, suffix_seq_kv;  // int32 [B]: the calls' lengths
+  // int32 [B]: the calls' lengths; prefix_seq_q ends at the sample's last valid prefix position (at least 1).
+  at::Tensor prefix_seq_q, prefix_seq_kv, suffix_seq_q, suffix_seq_kv;
   int64_t batch = 0, prefix_len = 0, suffix_len = 0;
 };
 

@@ -80,7 +80,8 @@ TEST_CASE("joint_varlen_layout for cuDNN orders each sample's keys suffix, valid
   CHECK(values(l.kv_order) == std::vector<int64_t>{3, 4, 0, 1, 2, 8, 9, 5, 7, 6});
   // Key rows -> buffer rows; the padded keys (rows 2, 6) -> 10, the zeroed extra row.
   CHECK(values(l.kv_grad_slot) == std::vector<int64_t>{2, 3, 10, 0, 1, 7, 10, 8, 5, 6});
-  CHECK(values(l.prefix_seq_q) == std::vector<int64_t>{3, 3});
+  // Sample 0's last valid prefix position is 1 (its query 2 is padding, not computed), sample 1's is 2.
+  CHECK(values(l.prefix_seq_q) == std::vector<int64_t>{2, 3});
   CHECK(values(l.prefix_seq_kv) == std::vector<int64_t>{2, 2});
   CHECK(values(l.suffix_seq_q) == std::vector<int64_t>{2, 2});
   CHECK(values(l.suffix_seq_kv) == std::vector<int64_t>{4, 4});
@@ -219,9 +220,17 @@ TEST_CASE("varlen_attention matches the masked fp64 reference on valid rows, gra
   CHECK(vlatune::test::rel_err(q.grad(), q64.grad().transpose(1, 2).reshape({b * tq, h, d})) < 2e-2);
   CHECK(vlatune::test::rel_err(kk.grad(), k64.grad().transpose(1, 2).reshape({b * n, hk, d})) < 2e-2);
   CHECK(vlatune::test::rel_err(v.grad(), v64.grad().transpose(1, 2).reshape({b * n, hk, d})) < 2e-2);
-  // Keys no query may see (padded prefix positions) get exactly zero gradient.
+  // Keys no query may see (padded prefix positions) get exactly zero gradient, dead queries too.
   auto dead_keys = valid.logical_not().reshape({-1});
   CHECK(kk.grad().cpu().index({dead_keys}).abs().max().item<float>() == 0.0f);
+  const auto dead_rows = row_valid.logical_not().reshape({-1});
+  if (dead_rows.any().item<bool>()) CHECK(q.grad().cpu().index({dead_rows}).abs().max().item<float>() == 0.0f);
+  if (backend == k::VarlenBackend::kCudnn && prefix_queries) {
+    // The padded queries after each sample's last valid prefix position are not computed: zero rows.
+    auto after_last = torch::zeros({b, n}, torch::kBool);
+    for (int64_t i = 0; i < b; ++i) after_last[i].narrow(0, p - 3 - 4 * i, 3 + 4 * i).fill_(true);
+    CHECK(out.cpu().index({after_last.reshape({-1})}).abs().max().item<float>() == 0.0f);
+  }
 }
 
 TEST_CASE("choose_varlen_backend picks cuDNN for Pi0.5's joint attention at batch 32", "[.gpu][varlen]") {
