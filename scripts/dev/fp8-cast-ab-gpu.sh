@@ -6,7 +6,9 @@
 #
 #   git show BASE:kernels/fp8_quant.cu > .ref/fp8_quant_base.cu     (here: the device copy's git history can lag)
 #   device run: command "bash scripts/dev/fp8-cast-ab-gpu.sh", carry [".ref"]
-# The base file is compiled against the tree's headers (kernels/fp8.h's params must not have changed since BASE).
+# The base file is compiled against the tree's headers (kernels/fp8.h's params must not have changed since BASE),
+# or, with BASE_INCLUDE set, against that root's first (the base commit's device headers, when they changed:
+#   mkdir -p .ref/base_root && git archive BASE kernels | tar -x -C .ref/base_root).
 # BASE_FILE overrides the base file's path; ARCH the GPU architecture (default sm_90a).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -17,7 +19,9 @@ work="$(mktemp -d)"
 flags=(-std=c++17 -O3 -arch="${ARCH:-sm_90a}" -I"$root" --expt-relaxed-constexpr)
 # The base kernels and their C entry points in namespace vlatune_base; the tree's kernels and the driver as built.
 pids=()
-nvcc "${flags[@]}" -Dvlatune=vlatune_base -x cu -c "$base" -o "$work/base_kernels.o" & pids+=($!)
+base_flags=("${flags[@]}")
+[ -n "${BASE_INCLUDE:-}" ] && base_flags=(-I"$BASE_INCLUDE" "${flags[@]}")
+nvcc "${base_flags[@]}" -Dvlatune=vlatune_base -x cu -c "$base" -o "$work/base_kernels.o" & pids+=($!)
 nvcc "${flags[@]}" -Dvlatune=vlatune_base -DFP8_CAST_AB_BASE_API -c scripts/dev/fp8_cast_ab.cu -o "$work/base_api.o" &
 pids+=($!)
 nvcc "${flags[@]}" -c kernels/fp8_quant.cu -o "$work/tree_kernels.o" & pids+=($!)
