@@ -7,10 +7,9 @@
 #           (the tracked files under PATH (default: all) that differ from BASE, as BASE has them, into .ref/ab_base/)
 #   device: command "RECIPES='fp8 bf16' bash scripts/dev/file-ab-gpu.sh", carry [".deps", ".ref"]
 #
-# RECIPES (space-separated, default "fp8"): fp8 = recipes/pi05_libero_h200_fp8.json untrimmed, bf16 = the default
-# recipe untrimmed, both on synthetic data; trimmed = the FP8 recipe as shipped on a `vlatune data synth
-# --prompt-len 20:64` dataset. ROUNDS (2), STEPS (25), TIMING_WARMUP (8); TESTS: a Catch2 spec of GPU test cases to
-# run on the tree's build first. Files the base commit lacks, or the tree has deleted, are refused at --prepare.
+# RECIPES (space-separated, default "fp8"): fp8, bf16, trimmed, as scripts/dev/pairs.sh sets them up. ROUNDS (2),
+# STEPS (25), TIMING_WARMUP (8); TESTS: a Catch2 spec of GPU test cases to run on the tree's build first. Files the
+# base commit lacks, or the tree has deleted, are refused at --prepare.
 # Output ($OUT): table.md, runs.txt (each run's summary line), tests.log; the build and run logs stay in /tmp/ab-logs
 # (the device tool returns a few files only; a failed build prints its log's tail).
 set -uo pipefail
@@ -61,15 +60,7 @@ if [ -n "${TESTS:-}" ]; then
   echo "$(el) tests exit $?: $(tail -2 "$out/tests.log" | tr '\n' ' ')"
 fi
 
-recipe() {  # SRC|none DEST TRIM(0|1)
-  python3 - "$@" <<'PY'
-import json, sys
-src, dest, trim = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-r = {"schema": "vlatune.recipe/1"} if src == "none" else json.load(open(src))
-r.setdefault("data", {})["trim_text"] = trim
-json.dump(r, open(dest, "w"), indent=2)
-PY
-}
+source scripts/dev/pairs.sh
 train() {  # SIDE RECIPE DATA NAME STEPS [flags]
   local side=$1 recipe=$2 data=$3 name=$4 steps=$5
   shift 5
@@ -79,19 +70,9 @@ train() {  # SIDE RECIPE DATA NAME STEPS [flags]
 }
 
 for r in ${RECIPES:-fp8}; do
-  data=synthetic
-  case "$r" in
-    fp8) recipe recipes/pi05_libero_h200_fp8.json "$logs/$r.json" 0 ;;
-    bf16) recipe none "$logs/$r.json" 0 ;;
-    trimmed)
-      recipe recipes/pi05_libero_h200_fp8.json "$logs/$r.json" 1
-      data=/tmp/ab-trim-data
-      [ -d "$data" ] || /tmp/vlatune_tree data synth --config full --samples 768 --prompt-len 20:64 --seed 0 \
-        --out "$data" >"$logs/trim_data.log" 2>&1 ;;
-    *) echo "unknown recipe '$r' (fp8, bf16, trimmed)" >&2; exit 2 ;;
-  esac
+  pair_setup "$r" "$logs" /tmp/vlatune_tree || exit $?
   for side in base tree; do
-    train "$side" "$logs/$r.json" "$data" "${r}_first_$side" 1 --log-every 1
+    train "$side" "$pair_recipe" "$pair_data" "${r}_first_$side" 1 --log-every 1
     python3 - "/tmp/ab-${r}_first_$side/metrics.jsonl" >"$logs/loss_${r}_$side.txt" 2>/dev/null <<'PY'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
@@ -100,7 +81,7 @@ PY
   done
   for round in $(seq 1 "${ROUNDS:-2}"); do
     for side in base tree; do
-      train "$side" "$logs/$r.json" "$data" "${r}_${side}_$round" "${STEPS:-25}" --timing-warmup "${TIMING_WARMUP:-8}" \
+      train "$side" "$pair_recipe" "$pair_data" "${r}_${side}_$round" "${STEPS:-25}" --timing-warmup "${TIMING_WARMUP:-8}" \
         --log-every "${STEPS:-25}"
       echo "$(el) $r $side round $round: $(grep '^done' "$logs/${r}_${side}_$round.log" | sed 's/;.*//')" |
         tee -a "$out/runs.txt"

@@ -7,11 +7,8 @@
 #   bash scripts/pack-deps.sh; mkdir -p .ref && cp <pi05_torch_reference.py> .ref/
 #   device run: command "PAIRS=fp8 TESTS='[gpu][train],[gpu][optimizer]' bash scripts/dev/step-overlap-gpu.sh",
 #               carry [".deps", ".ref"]
-# PAIRS (space-separated, default "fp8"):
-#   fp8      recipes/pi05_libero_h200_fp8.json without prompt trimming, synthetic data; reference compiled-fp8
-#   bf16     the default recipe without prompt trimming, synthetic data; reference compiled
-#   trimmed  recipes/pi05_libero_h200_fp8.json as shipped (trimming on) on a `vlatune data synth --prompt-len 20:64`
-#            dataset; reference compiled-fp8 with --text 64
+# PAIRS (space-separated, default "fp8"): fp8, bf16, trimmed, as scripts/dev/pairs.sh sets them up (the FP8 recipe
+# and the default one untrimmed on synthetic data, the FP8 recipe trimmed on short prompts; the reference alike).
 # TESTS: a Catch2 spec of GPU test cases to build and run first (none by default). STEPS (40), TIMING_WARMUP (10),
 # REF (1: run the reference), AB (1: also the --no-step-overlap run).
 # Output: $OUT/<pair>_{reference,overlap,read}.{log,json}, $OUT/tests.log, $OUT/table.md.
@@ -35,33 +32,11 @@ if [ -n "${TESTS:-}" ]; then
   echo "$(el) tests exit $?: $(tail -2 "$out/tests.log" | tr '\n' ' ')"
 fi
 
-recipe() {  # SRC|none DEST TRIM(0|1)
-  python3 - "$@" <<'PY'
-import json, sys
-src, dest, trim = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-r = {"schema": "vlatune.recipe/1"} if src == "none" else json.load(open(src))
-r.setdefault("data", {})["trim_text"] = trim
-json.dump(r, open(dest, "w"), indent=2)
-PY
-}
-
+source scripts/dev/pairs.sh
 for pair in ${PAIRS:-fp8}; do
-  data=synthetic
-  ref_flags=(--slots 2 --attn sdpa --recompute vit --compile layer)
-  case "$pair" in
-    fp8) recipe recipes/pi05_libero_h200_fp8.json "$out/fp8.json" 0; ref_flags+=(--fp8 tensorwise) ;;
-    bf16) recipe none "$out/bf16.json" 0 ;;
-    trimmed)
-      recipe recipes/pi05_libero_h200_fp8.json "$out/trimmed.json" 1
-      ref_flags+=(--fp8 tensorwise --text 64)
-      rm -rf /tmp/overlap-trim-data
-      $v data synth --config full --samples 768 --prompt-len 20:64 --seed 0 --out /tmp/overlap-trim-data \
-        >"$out/trim_data.log" 2>&1
-      data=/tmp/overlap-trim-data ;;
-    *) echo "unknown pair '$pair' (fp8, bf16, trimmed)" >&2; exit 2 ;;
-  esac
+  pair_setup "$pair" "$out" "$v" || exit $?
   if [ "${REF:-1}" = 1 ]; then
-    PYTHONUNBUFFERED=1 python3 .ref/pi05_torch_reference.py "${ref_flags[@]}" --steps 10 --warmup 3 --tag "$pair" \
+    PYTHONUNBUFFERED=1 python3 .ref/pi05_torch_reference.py "${pair_ref_flags[@]}" --steps 10 --warmup 3 --tag "$pair" \
       >"$out/${pair}_reference.log" 2>&1
     grep RESULT "$out/${pair}_reference.log" | tail -1 | sed 's/^RESULT //' >"$out/${pair}_reference.json"
     echo "$(el) $pair reference: $(cat "$out/${pair}_reference.json")"
@@ -72,7 +47,7 @@ for pair in ${PAIRS:-fp8}; do
     flags=()
     [ "$run" = read ] && flags=(--no-step-overlap)
     rm -rf "/tmp/overlap-$pair-$run"
-    timeout 300 $v train --config full --data "$data" --recipe "$out/$pair.json" --steps "$steps" --seed 0 \
+    timeout 300 $v train --config full --data "$pair_data" --recipe "$pair_recipe" --steps "$steps" --seed 0 \
       --timing-warmup "$timing_warmup" --out "/tmp/overlap-$pair-$run" --no-progress --log-every 10 --no-save \
       "${flags[@]}" >"$out/${pair}_$run.log" 2>&1
     echo "$(el) $pair $run exit $?: $(tail -1 "$out/${pair}_$run.log")"
