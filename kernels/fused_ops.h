@@ -192,5 +192,12 @@ at::Tensor gelu_ref(const at::Tensor& x);
 // The gradient of x given the gradient of gelu(x). rebuild_act (CUDA kernel only; grad dense): gelu(x) is written
 // over `grad` by the same kernel (what gelu_linear's backward does for fc2's weight gradient).
 at::Tensor gelu_backward(at::Tensor& grad, const at::Tensor& x, bool rebuild_act = false);
+// The gradient of x and gelu(x) again, for a backward that needs both (fc2's input gradient and weight gradient):
+// one kernel pass writing gelu(x) over `grad` where the kernel runs on a dense `grad`, else gelu_backward and gelu
+// apart. `act` holds the forward kernel's values bit for bit either way.
+struct GeluGrads {
+  at::Tensor grad_x, act;
+};
+GeluGrads gelu_backward_rebuild(at::Tensor& grad, const at::Tensor& x);
 
 }  // namespace vlatune::kernels

@@ -87,14 +87,15 @@ struct GeluLinearFn : public torch::autograd::Function<GeluLinearFn> {
     at::Tensor act;
     if (want_pre) {
       at::Tensor grad_act = at::mm(g, cast_like(weight, g)).view(pre.sizes());
-      if (want_w && gelu_kernel(pre) && grad_act.is_contiguous() && aligned16(grad_act)) {
-        result[0] = gelu_bwd(grad_act, pre, /*rebuild=*/true);  // gelu(pre) over the consumed gradient
-        act = std::move(grad_act);
+      if (want_w) {
+        GeluGrads r = gelu_backward_rebuild(grad_act, pre);
+        result[0] = std::move(r.grad_x);
+        act = std::move(r.act);
       } else {
         result[0] = gelu_bwd(grad_act, pre, /*rebuild=*/false);
       }
     }
-    if (want_w && !act.defined()) act = gelu_ref(pre);
+    if (want_w && !act.defined()) act = gelu_fwd(pre);
     if (want_w || want_b)
       std::tie(result[1], result[2]) =
           linear_param_grads(g, want_w ? act.reshape({-1, f}) : at::Tensor(), weight, bias, want_w, want_b);
@@ -113,6 +114,20 @@ at::Tensor gelu_backward(at::Tensor& grad, const at::Tensor& x, bool rebuild_act
   if (!x.defined() || !grad.defined() || grad.sizes() != x.sizes())
     fail("gelu_backward", "grad must match x (" + describe(x) + ")", grad);
   return gelu_bwd(grad, x, rebuild_act && gelu_kernel(x));
+}
+
+GeluGrads gelu_backward_rebuild(at::Tensor& grad, const at::Tensor& x) {
+  if (!x.defined() || !grad.defined() || grad.sizes() != x.sizes())
+    fail("gelu_backward_rebuild", "grad must match x (" + describe(x) + ")", grad);
+  GeluGrads r;
+  if (gelu_kernel(x) && grad.is_contiguous() && aligned16(grad)) {
+    r.grad_x = gelu_bwd(grad, x, /*rebuild=*/true);  // gelu(x) over the consumed gradient
+    r.act = grad;
+  } else {
+    r.grad_x = gelu_bwd(grad, x, /*rebuild=*/false);
+    r.act = gelu_fwd(x);
+  }
+  return r;
 }
 
 at::Tensor gelu_linear(const at::Tensor& pre, const at::Tensor& weight, const at::Tensor& bias,

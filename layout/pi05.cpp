@@ -259,12 +259,6 @@ bool geglu_down_projection(const std::string& linear) {
   return parse_joint(linear, index, rest, expert) && rest == "mlp.down_proj";
 }
 
-std::string fp8_form_missing(const std::string& linear) {
-  if (!formats::fqn_within(linear, kVisionTower) || linear.substr(linear.rfind('.')) != ".fc2") return "";
-  return "SigLIP's fc2 (fused with the GELU) has no FP8 form; of the vision tower, the merged q/k/v, out_proj and "
-         "fc1 can run in FP8";
-}
-
 std::string gemm_inventory_name(const std::vector<std::string>& members) {
   if (members.empty()) return "";
   const std::string& first = members[0];

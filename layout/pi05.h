@@ -109,11 +109,6 @@ std::vector<std::string> merged_gemm_members(const std::string& linear);
 std::string gemm_inventory_name(const std::vector<std::string>& members);
 // True for a decoder layer's MLP down projection (either branch): the Linear whose input is geglu(gate+up).
 bool geglu_down_projection(const std::string& linear);
-// Why the trainer cannot run the Linear `linear` in FP8 whatever its shape, or "" when it can: SigLIP's fc2 (fused
-// with the GELU, which rebuilds its input in backward) has no FP8 form. The model refuses it; the planner never
-// proposes it.
-std::string fp8_form_missing(const std::string& linear);
-
 // ---- Freezing and LoRA presets (recipe `freeze.presets`, `lora.preset`) ----
 // The modules a freezing preset freezes, as LeRobot's Pi0.5 options: freeze_vision_encoder -> the SigLIP vision
 // tower; train_expert_only -> all of PaliGemma (vision tower, projector, language model), so the action expert and

@@ -237,12 +237,13 @@ Fp8Tensor quantize_geglu_output(const at::Tensor& merged2, int64_t mp, Float8Sta
   return quantize_role(pad_rows(kernels::geglu(merged2), mp), Fp8Format::kE4m3, st.input, st.config, true, false);
 }
 
-// down_proj's rebuilt input for its weight gradient: geglu(merged)^T [F, mp] in e4m3 with the forward's amax.
+// A GEMM's input rebuilt for its weight gradient, act [mp, F] -> act^T [F, mp] in e4m3 with the forward's amax (so
+// the bytes the forward GEMM read, transposed).
 struct CastOutput {
   at::Tensor data_t, inv_scale;
 };
-CastOutput geglu_output_t(const at::Tensor& merged2, int64_t mp, const at::Tensor& act_amax) {
-  const at::Tensor act = pad_rows(kernels::geglu(merged2), mp);
+CastOutput rebuilt_input_t(const at::Tensor& act, const at::Tensor& act_amax) {
+  const int64_t mp = act.size(0);
   CastOutput c;
   c.data_t = at::empty({act.size(1), mp}, act.options().dtype(at::kFloat8_e4m3fn));
   c.inv_scale = at::empty({}, act.options().dtype(at::kFloat));
@@ -251,6 +252,11 @@ CastOutput geglu_output_t(const at::Tensor& merged2, int64_t mp, const at::Tenso
   o.inv_scale = c.inv_scale;
   kernels::fp8_quantize_into(act, Fp8Format::kE4m3, act_amax, -1, o);
   return c;
+}
+
+// down_proj's rebuilt input: geglu(merged)^T [F, mp].
+CastOutput geglu_output_t(const at::Tensor& merged2, int64_t mp, const at::Tensor& act_amax) {
+  return rebuilt_input_t(pad_rows(kernels::geglu(merged2), mp), act_amax);
 }
 
 // The fused GeGLU backward: d merged cast to e5m2 (both layouts, the producer GEMM's grad_output scaling) and left
@@ -372,6 +378,72 @@ struct Float8GegluLinearFn : public torch::autograd::Function<Float8GegluLinearF
   }
 };
 
+// fc2(gelu(pre)) with fc2 in FP8 (kernels::gelu_linear's FP8 form): the GELU kernel, then its output cast to e4m3
+// (row-major) for the GEMM, the bias in the GEMM's epilogue. Saves pre only, as the bf16 node does: the backward
+// kernel rebuilds gelu(pre) over the consumed input gradient, and that is cast transposed with the forward's amax for
+// the weight gradient (the forward's bytes again).
+struct Float8GeluLinearFn : public torch::autograd::Function<Float8GeluLinearFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& pre, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias_in, int64_t state_ptr, const std::string& scope_fqn) {
+    Float8State& st = *reinterpret_cast<Float8State*>(state_ptr);
+    const at::Tensor bias = bias_in.value_or(at::Tensor());
+    const int64_t f = pre.size(-1), m = pre.numel() / f, mp = padded(m);
+    const at::Tensor act = kernels::gelu(pre);
+    at::Tensor y;
+    {
+      std::optional<profiler::Scope> scope;
+      if (!scope_fqn.empty()) scope.emplace(scope_fqn);
+      const Fp8Tensor aq =
+          quantize_role(pad_rows(act.reshape({m, f}), mp), Fp8Format::kE4m3, st.input, st.config, true, false);
+      const QuantWeights wq = quantize_weights({weight}, at::Tensor(), true, false);
+      y = kernels::fp8_mm(aq.data, wq.data.t(), aq.inv_scale, wq.inv_scale, pre.scalar_type(), true, bias);
+      ctx->save_for_backward({pre, weight, bias, wq.amax, aq.amax_used});
+    }
+    if (mp != m) y = y.narrow(0, 0, m);
+    std::vector<int64_t> shape = pre.sizes().vec();
+    shape.back() = y.size(1);
+    ctx->saved_data["state"] = state_ptr;
+    return y.reshape(shape);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Float8State& st = state_of(ctx);
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &pre = saved[0], &weight = saved[1], &bias = saved[2], &w_amax = saved[3], &act_amax = saved[4];
+    variable_list result(5);  // pre, weight, bias, state_ptr, scope_fqn
+    if (!grads[0].defined()) return result;
+    const int64_t n = weight.size(0), f = weight.size(1), m = grads[0].numel() / n, mp = padded(m);
+    // A frozen weight (or bias) gets no gradient, and then the GELU output is not rebuilt for it.
+    const bool want_pre = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1);
+    if (bias.defined() && ctx->needs_input_grad(2)) result[2] = kernels::bias_grad(grads[0], bias.scalar_type());
+    if (!want_pre && !want_w) return result;
+    const Fp8Tensor gq = quantize_role(pad_rows(grads[0].reshape({m, n}), mp), Fp8Format::kE5m2, st.grad_output,
+                                       st.config, want_pre, want_w);
+    at::Tensor act;
+    if (want_pre) {
+      const QuantWeights wt = quantize_weights({weight}, w_amax, false, true);
+      at::Tensor grad_act =
+          kernels::fp8_mm(gq.data, wt.data_t.t(), gq.inv_scale, wt.inv_scale, pre.scalar_type(), false);
+      if (mp != m) grad_act = grad_act.narrow(0, 0, m);
+      grad_act = grad_act.view(pre.sizes());
+      if (want_w) {
+        kernels::GeluGrads r = kernels::gelu_backward_rebuild(grad_act, pre);
+        result[0] = std::move(r.grad_x);
+        act = std::move(r.act);
+      } else {
+        result[0] = kernels::gelu_backward(grad_act, pre);
+      }
+    }
+    if (want_w) {
+      if (!act.defined()) act = kernels::gelu(pre);
+      const CastOutput a = rebuilt_input_t(pad_rows(act.reshape({m, f}), mp), act_amax);
+      result[1] = kernels::fp8_mm(gq.data_t, a.data_t.t(), gq.inv_scale, a.inv_scale, grad_dtype(weight), false)
+                      .to(weight.scalar_type());
+    }
+    return result;
+  }
+};
+
 void check_weight(const at::Tensor& w, int64_t k) {
   if (!w.defined() || w.dim() != 2 || w.size(1) != k)
     throw std::invalid_argument("float8_linear: every weight must be [out, " + std::to_string(k) + "]");
@@ -441,6 +513,18 @@ torch::Tensor float8_geglu_linear(const torch::Tensor& merged, const torch::Tens
   return Float8GegluLinearFn::apply(merged, weight, state_ptr, producer_ptr, scope_fqn,
                                     kernels::rebuild_holder(rebuild, "float8_geglu_linear"),
                                     rebuild ? at::TensorList(rebuild->saved) : at::TensorList());
+}
+
+torch::Tensor float8_gelu_linear(const torch::Tensor& pre, const torch::Tensor& weight, const torch::Tensor& bias,
+                                 Float8State& state, const std::string& scope_fqn) {
+  if (!pre.defined() || pre.dim() < 1 || !at::isFloatingType(pre.scalar_type()))
+    throw std::invalid_argument("float8_gelu_linear: pre must be a floating tensor [..., F]");
+  check_weight(weight, pre.size(-1));
+  if (bias.defined() && (bias.dim() != 1 || bias.size(0) != weight.size(0)))
+    throw std::invalid_argument("float8_gelu_linear: bias of shape " + c10::str(bias.sizes()) + " for " +
+                                std::to_string(weight.size(0)) + " outputs");
+  return Float8GeluLinearFn::apply(pre, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt,
+                                   reinterpret_cast<int64_t>(&state), scope_fqn);
 }
 
 }  // namespace vlatune::model

@@ -91,9 +91,8 @@ class Pi05Impl : public ScopedModule {
   // a decoder layer's q_proj/k_proj/v_proj selects all three, gate_proj/up_proj both (the merged GEMM runs in
   // FP8 on the fused path; the selection is the same Linears on the reference path). Throws
   // std::invalid_argument naming an FQN that is not a Linear, a Linear whose in/out features are not multiples of
-  // 16, SigLIP's fc2 (fused with the GELU: no FP8 form, layout::fp8_form_missing), or a Linear (or a merged GEMM's
-  // member) with a LoRA adapter (model/lora.h: the FP8 GeGLU's backward hands gate+up its gradient outside autograd,
-  // which would bypass the adapters; so the two are exclusive).
+  // 16, or a Linear (or a merged GEMM's member) with a LoRA adapter (model/lora.h: the FP8 GeGLU's backward hands
+  // gate+up its gradient outside autograd, which would bypass the adapters; so the two are exclusive).
   void set_fp8(const std::vector<std::string>& fqns, const Fp8Config& config = {});
   // The FP8 Linears (merged members included), in module order.
   std::vector<std::string> fp8_selection() const;

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/qkv_attention.h"
+#include "model/float8_linear.h"
 #include "model/merged_gemm.h"
 #include "model/recompute.h"
 #include "profiler/scope.h"
@@ -52,7 +53,9 @@ torch::Tensor SiglipMLPImpl::forward(const torch::Tensor& x, bool fused) {
   auto pre = fc1(x);  // the GEMM adds the bias in its epilogue (bf16 or FP8)
   if (profiler::scopes_enabled())
     profiler::note_gemm({&fc2->fqn()}, pre.numel() / pre.size(-1), fc2->weight.size(1), fc2->weight.size(0));
-  // GELU kernel, then fc2 in its own scope; backward saves only `pre` (the GELU output is rebuilt).
+  // GELU kernel, then fc2 in its own scope; backward saves only `pre` (the GELU output is rebuilt). An FP8 fc2 has
+  // no adapter (Pi05Impl::set_fp8 refuses one).
+  if (fc2->fp8) return model::float8_gelu_linear(pre, fc2->weight, fc2->bias, *fc2->fp8, fc2->fqn());
   auto y = kernels::gelu_linear(pre, fc2->weight, fc2->bias, fc2->fqn());
   if (!fc2->has_lora()) return y;
   // The adapter's first GEMM reads gelu(pre) through the same node, so the GELU output is rebuilt for it too.

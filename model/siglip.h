@@ -25,8 +25,8 @@ TORCH_MODULE(SiglipAttention);
 class SiglipMLPImpl : public ScopedModule {
  public:
   SiglipMLPImpl(const VisionConfig& cfg, torch::TensorOptions options);
-  // fc2(gelu_tanh(fc1(x))). fused: the GELU kernel and fc2 as one autograd node (kernels::gelu_linear) that saves
-  // fc1's output only.
+  // fc2(gelu_tanh(fc1(x))). fused: the GELU kernel and fc2 as one autograd node (kernels::gelu_linear, or
+  // model::float8_gelu_linear when fc2 runs in FP8) that saves fc1's output only.
   torch::Tensor forward(const torch::Tensor& x, bool fused = false);
   Linear fc1{nullptr}, fc2{nullptr};
 };

@@ -57,12 +57,7 @@ Fp8Selection solve_fp8_set(const std::vector<formats::GemmEntry>& gemms, const F
     const std::string user_excluded = covering(o.exclude, e.members);
     const std::string included = covering(o.include, e.members);
     const std::string default_excluded = covering(default_fp8_exclusions(), e.members);
-    std::string form_missing;
-    for (const std::string& m : e.members)
-      if (form_missing.empty()) form_missing = layout::fp8_form_missing(m);
-    if (!form_missing.empty()) {
-      v.reason = "no FP8 form in the trainer (" + form_missing + "): stays bf16";
-    } else if (!e.fp8) {
+    if (!e.fp8) {
       v.reason = "not measured in FP8 (" +
                  std::string(e.k % 16 || e.n % 16 ? "a dimension not divisible by 16" : "no FP8 time in the profile") +
                  "): stays bf16";

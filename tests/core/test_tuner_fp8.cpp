@@ -72,20 +72,23 @@ TEST_CASE("FP8 is chosen only where bf16 / (FP8 + casts) beats the margin", "[tu
   }
 }
 
-TEST_CASE("FP8 is never chosen for a Linear the trainer has no FP8 form of, even when included", "[tuner][fp8]") {
+TEST_CASE("The vision tower's Linears are chosen by their measured times, with or without --fp8-include",
+          "[tuner][fp8]") {
   const std::string vit = "paligemma_with_expert.paligemma.model.vision_tower.vision_model.encoder.layers.0.";
   formats::GemmEntry qkv = gemm(vit + "self_attn.q_proj+k_proj+v_proj", 1.0, 0.3, 0.05);
   qkv.members = {vit + "self_attn.q_proj", vit + "self_attn.k_proj", vit + "self_attn.v_proj"};
   const std::vector<formats::GemmEntry> gemms = {qkv, gemm(vit + "mlp.fc2", 1.0, 0.3, 0.05),
-                                                 gemm(vit + "mlp.fc1", 1.0, 0.3, 0.05)};
+                                                 gemm(vit + "mlp.fc1", 1.0, 0.3, 0.05),
+                                                 gemm(vit + "self_attn.out_proj", 1.0, 0.9, 0.2)};
   Fp8Options o;
   o.include = {"paligemma_with_expert.paligemma.model.vision_tower"};
   const Fp8Selection s = solve_fp8_set(gemms, o);
-  REQUIRE(s.verdicts.size() == 3);
-  CHECK_FALSE(s.verdicts[1].selected);  // fc2: the GELU kernel rebuilds its input, in bf16
-  CHECK(s.verdicts[1].reason.find("no FP8 form") != std::string::npos);
-  CHECK(s.verdicts[0].selected);  // the merged q/k/v (with biases) runs in FP8
-  CHECK(s.verdicts[2].selected);  // fc1 too
+  REQUIRE(s.verdicts.size() == 4);
+  CHECK(s.verdicts[0].selected);        // the merged q/k/v (with biases)
+  CHECK(s.verdicts[1].selected);        // fc2 (its FP8 form casts the GELU kernel's output)
+  CHECK(s.verdicts[2].selected);        // fc1
+  CHECK_FALSE(s.verdicts[3].selected);  // out_proj: its cast costs more than the GEMM saves
+  CHECK(s.verdicts[3].reason.find("<= margin") != std::string::npos);
   o.include.clear();  // the vision tower is not excluded by default: the same verdicts without --fp8-include
   const Fp8Selection d = solve_fp8_set(gemms, o);
   for (size_t i = 0; i < gemms.size(); ++i) CHECK(d.verdicts[i].selected == s.verdicts[i].selected);

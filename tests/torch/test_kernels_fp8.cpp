@@ -208,7 +208,79 @@ TEST_CASE("The FP8 GeGLU+down projection follows geglu_linear within FP8 precisi
   CHECK(rel_err(w.grad(), wr.grad()) < 0.12);
 }
 
-TEST_CASE("Pi05Impl::set_fp8 covers merged GEMMs, refuses what cannot run in FP8, and trains close to bf16",
+namespace {
+
+// float8_gelu_linear against its composition: gelu, then the FP8 Linear on the GELU output (a leaf). The forward
+// GEMM reads the same bytes and the weight gradient's rebuilt input is the forward's cast again, so the output, the
+// weight and bias gradients are equal bit for bit; the input gradient differs only by the GELU backward (the
+// kernel's against ATen's: equal on the CPU, where both are ATen's). rows: 2 x `tokens` (18: padded to 32).
+void check_gelu_linear_composition(torch::Device dev, torch::Dtype dtype, m::Fp8Scaling scaling, int64_t tokens) {
+  torch::manual_seed(29);
+  m::Float8State node_state, linear_state;
+  node_state.config.scaling = linear_state.config.scaling = scaling;
+  const auto opt = torch::TensorOptions().device(dev).dtype(dtype);
+  for (int step = 0; step < 3; ++step) {
+    INFO("step " << step << " tokens " << tokens);
+    auto pre = (torch::randn({2, tokens, 128}) * 2).to(opt);
+    auto w = (torch::randn({48, 128}) / 8).to(opt), b = torch::randn({48}).to(opt);
+    auto seed = torch::randn({2, tokens, 48}).to(opt);
+    auto p1 = pre.clone().requires_grad_(true), w1 = w.clone().requires_grad_(true),
+         b1 = b.clone().requires_grad_(true);
+    auto y1 = m::float8_gelu_linear(p1, w1, b1, node_state, "");
+    y1.backward(seed);
+    auto act = k::gelu(pre).requires_grad_(true);
+    auto w2 = w.clone().requires_grad_(true), b2 = b.clone().requires_grad_(true);
+    auto y2 = m::float8_linear(act, {w2}, b2, linear_state);
+    y2.backward(seed);
+    CHECK(torch::equal(y1, y2));
+    CHECK(torch::equal(w1.grad(), w2.grad()));
+    CHECK(torch::equal(b1.grad(), b2.grad()));
+    const auto grad_pre = at::gelu_backward(act.grad(), pre, "tanh");
+    if (dev.is_cpu())
+      CHECK(torch::equal(p1.grad(), grad_pre));
+    else
+      CHECK(rel_err(p1.grad(), grad_pre) < 1e-2);  // the kernel's rounding against ATen's
+    // And within FP8 precision of the bf16/fp32 node.
+    auto p3 = pre.clone().requires_grad_(true), w3 = w.clone().requires_grad_(true),
+         b3 = b.clone().requires_grad_(true);
+    auto y3 = k::gelu_linear(p3, w3, b3, "");
+    y3.backward(seed);
+    CHECK(rel_err(y1, y3) < 0.06);
+    CHECK(rel_err(p1.grad(), p3.grad()) < 0.12);  // e5m2 gradients: 2 mantissa bits
+    CHECK(rel_err(w1.grad(), w3.grad()) < 0.12);
+  }
+  if (scaling == m::Fp8Scaling::kDelayed) {
+    CHECK(node_state.input.uses == 3);
+    CHECK(node_state.grad_output.uses == 3);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("The FP8 GELU+fc2 node equals the GELU then the FP8 Linear, and follows gelu_linear (CPU)", "[fp8]") {
+  for (auto scaling : {m::Fp8Scaling::kCurrent, m::Fp8Scaling::kDelayed})
+    for (int64_t tokens : {16, 9}) check_gelu_linear_composition(torch::kCPU, torch::kFloat32, scaling, tokens);
+  // A frozen fc2 (no weight or bias gradient): the input gradient alone, the GELU output not rebuilt.
+  m::Float8State st;
+  auto pre = torch::randn({32, 64}).requires_grad_(true);
+  auto w = torch::randn({16, 64}) / 8, b = torch::randn({16});
+  m::float8_gelu_linear(pre, w, b, st, "").sum().backward();
+  auto pr = pre.detach().clone().requires_grad_(true);
+  k::gelu_linear(pr, w, b, "").sum().backward();
+  CHECK(rel_err(pre.grad(), pr.grad()) < 0.12);
+  CHECK_THROWS_WITH(m::float8_gelu_linear(pre, torch::randn({16, 60}), {}, st, ""),
+                    Catch::Contains("must be [out, 64]"));
+  CHECK_THROWS_WITH(m::float8_gelu_linear(pre, w, torch::randn({15}), st, ""), Catch::Contains("for 16 outputs"));
+}
+
+TEST_CASE("The CUDA FP8 GELU+fc2 node equals the GELU kernel then the FP8 Linear, bit for bit", "[.gpu][fp8]") {
+  REQUIRE(torch::cuda::is_available());
+  for (auto dtype : {torch::kBFloat16, torch::kFloat32})
+    for (auto scaling : {m::Fp8Scaling::kCurrent, m::Fp8Scaling::kDelayed})
+      for (int64_t tokens : {256, 9}) check_gelu_linear_composition(torch::kCUDA, dtype, scaling, tokens);
+}
+
+TEST_CASE("Pi05Impl::set_fp8 covers merged GEMMs and the vision tower, and refuses what is not a Linear",
           "[fp8][model]") {
   const auto cfg = m::Pi05Config::tiny();
   m::Pi05 net(cfg);
@@ -219,10 +291,9 @@ TEST_CASE("Pi05Impl::set_fp8 covers merged GEMMs, refuses what cannot run in FP8
                                                          lm + "mlp.up_proj", lm + "mlp.down_proj"});
   CHECK_THROWS_WITH(net->set_fp8({lm + "mlp"}), Catch::Contains("is not a Linear"));
   const std::string vit = "paligemma_with_expert.paligemma.model.vision_tower.vision_model.encoder.layers.0.";
-  CHECK_THROWS_WITH(net->set_fp8({vit + "mlp.fc2"}), Catch::Contains("no FP8 form"));
-  net->set_fp8({vit + "self_attn.v_proj", vit + "mlp.fc1"});
+  net->set_fp8({vit + "self_attn.v_proj", vit + "mlp.fc1", vit + "mlp.fc2"});
   CHECK(net->fp8_selection() == std::vector<std::string>{vit + "self_attn.q_proj", vit + "self_attn.k_proj",
-                                                         vit + "self_attn.v_proj", vit + "mlp.fc1"});
+                                                         vit + "self_attn.v_proj", vit + "mlp.fc1", vit + "mlp.fc2"});
   net->set_fp8({});
   CHECK(net->fp8_selection().empty());
 }
@@ -257,15 +328,15 @@ TEST_CASE("The tiny model with FP8 decoder and vision Linears trains close to fp
         fqns.push_back(branch + std::to_string(i) + "." + leaf);
     }
   }
-  // SigLIP: the merged q/k/v with its biases, out_proj and fc1 of layer 0.
-  for (const std::string leaf : {"self_attn.q_proj", "self_attn.out_proj", "mlp.fc1"})
+  // SigLIP: the merged q/k/v with its biases, out_proj, fc1 and fc2 (behind the GELU) of layer 0.
+  for (const std::string leaf : {"self_attn.q_proj", "self_attn.out_proj", "mlp.fc1", "mlp.fc2"})
     fqns.push_back("paligemma_with_expert.paligemma.model.vision_tower.vision_model.encoder.layers.0." + leaf);
   for (auto scaling : {Fp8Scaling::kCurrent, Fp8Scaling::kDelayed}) {
     Fp8Config c;
     c.scaling = scaling;
     net->set_fp8(fqns, c);
-    // 2 layers x 2 branches x (q, k, v, o, gate, up, down), and the vision layer's q, k, v, out_proj, fc1.
-    CHECK(net->fp8_selection().size() == 33);
+    // 2 layers x 2 branches x (q, k, v, o, gate, up, down), and the vision layer's q, k, v, out_proj, fc1, fc2.
+    CHECK(net->fp8_selection().size() == 34);
     for (int step = 0; step < 2; ++step) {
       auto [loss, grad, vit_grad] = run();
       CHECK(rel_err(loss, ref_loss) < 0.02);

@@ -342,7 +342,7 @@ TEST_CASE("A recipe selects the gate+up units by pattern and refuses them nested
 
 TEST_CASE(
     "The shipped FP8 recipe applies to the full model as planned: six modules recomputed, the backbone and "
-    "SigLIP's q/k/v and fc1 in FP8",
+    "SigLIP's q/k/v, fc1 and fc2 in FP8",
     "[recompute][recipe][fp8]") {
   Pi05Impl model(Pi05Config::full(), torch::Device(torch::kMeta));
   const std::string path = std::string(VLATUNE_SOURCE_DIR) + "/recipes/pi05_libero_h200_fp8.json";
@@ -352,14 +352,15 @@ TEST_CASE(
   std::sort(recomputed.begin(), recomputed.end());
   CHECK(recomputed ==
         std::vector<std::string>{kEx + "0.mlp", kEx + "13.mlp", kEx + "16.mlp", kEx + "2.mlp", vit + "22", vit + "25"});
-  // q/k/v, o, gate, up and down of the 18 backbone layers (a merged GEMM's FP8 covers all its members), and q, k, v
-  // and fc1 of the 27 SigLIP layers; the expert's Linears, SigLIP's out_proj and fc2 stay bf16.
-  CHECK(applied.fp8.size() == 18 * 7 + 27 * 4);
+  // q/k/v, o, gate, up and down of the 18 backbone layers (a merged GEMM's FP8 covers all its members), and q, k, v,
+  // fc1 and fc2 of the 27 SigLIP layers; the expert's Linears and SigLIP's out_proj stay bf16.
+  CHECK(applied.fp8.size() == 18 * 7 + 27 * 5);
   CHECK(std::all_of(applied.fp8.begin(), applied.fp8.end(), [&](const std::string& f) {
     const bool vision_linear =
         f.rfind(vit, 0) == 0 &&
         (f.find(".self_attn.q_proj") != std::string::npos || f.find(".self_attn.k_proj") != std::string::npos ||
-         f.find(".self_attn.v_proj") != std::string::npos || f.find(".mlp.fc1") != std::string::npos);
+         f.find(".self_attn.v_proj") != std::string::npos || f.find(".mlp.fc1") != std::string::npos ||
+         f.find(".mlp.fc2") != std::string::npos);
     return f.rfind(kLm, 0) == 0 || vision_linear;
   }));
   CHECK(applied.fp8_delayed);
