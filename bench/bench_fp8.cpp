@@ -103,6 +103,55 @@ void BM_fp8_geglu_cast(benchmark::State& state) {
 #endif
 }
 
+// The GELU -> FP8 boundary of SigLIP's fc2 at batch 32 ([16,384, 4,304], two images per sample), delayed scaling:
+// the forward cast of fc2's input. Arg fused: 0 = the GELU kernel, then the plain cast; 1 = the cast kernel that
+// computes the GELU (kernels/fp8_ops.h fp8_gelu_quantize_into). Bytes: the fused kernel's traffic.
+void BM_fp8_gelu_cast(benchmark::State& state) {
+  if (!require_cuda(state)) return;
+#ifdef VLATUNE_HAVE_CUDA
+  namespace k = vlatune::kernels;
+  const int64_t rows = state.range(0), f = state.range(1);
+  const bool fused = state.range(2) != 0;
+  const auto opt = torch::TensorOptions().device(torch::kCUDA);
+  auto pre = torch::randn({rows, f}, opt.dtype(torch::kBFloat16));
+  auto hist = torch::full({16}, 4.0f, opt.dtype(torch::kFloat32));
+  k::Fp8QuantOutputs o;
+  o.out = torch::empty({rows, f}, opt.dtype(torch::kFloat8_e4m3fn));
+  o.inv_scale = torch::empty({}, opt.dtype(torch::kFloat32));
+  o.amax_out = torch::zeros({1}, opt.dtype(torch::kFloat32));
+  vlatune::bench::run_gpu_timed(state, [&] {
+    if (fused)
+      k::fp8_gelu_quantize_into(pre, hist, 0, o);
+    else
+      k::fp8_quantize_into(k::gelu(pre), k::Fp8Format::kE4m3, hist, 0, o);
+  });
+  state.counters["GB/s"] =
+      benchmark::Counter(static_cast<double>(rows) * f * 3 * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+#endif
+}
+
+// SigLIP's MLP tail, fc2(gelu(pre)) forward + backward (d pre, dW, db) at batch 32: mode 0 = bf16
+// (kernels::gelu_linear), 1 = fc2 in FP8 with delayed scaling (model::float8_gelu_linear).
+void BM_fp8_gelu_linear(benchmark::State& state) {
+  if (!require_cuda(state)) return;
+#ifdef VLATUNE_HAVE_CUDA
+  const int64_t m = state.range(0), k = state.range(1), n = state.range(2), mode = state.range(3);
+  const auto opt = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  auto pre = torch::randn({m, k}, opt).requires_grad_(true);
+  auto w = (torch::randn({n, k}, opt) / 64).requires_grad_(true);
+  auto b = torch::randn({n}, opt).requires_grad_(true);
+  auto seed = torch::randn({m, n}, opt);
+  vlatune::model::Float8State st;
+  vlatune::bench::run_gpu_timed(state, [&] {
+    auto y = mode == 0 ? vlatune::kernels::gelu_linear(pre, w, b, "")
+                       : vlatune::model::float8_gelu_linear(pre, w, b, st, "");
+    (void)torch::autograd::grad({y}, {pre, w, b}, {seed});
+  });
+  state.counters["TFLOP/s"] =
+      benchmark::Counter(6.0 * m * k * n * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
+#endif
+}
+
 }  // namespace
 
 BENCHMARK(BM_fp8_geglu_cast)
@@ -113,3 +162,15 @@ BENCHMARK(BM_fp8_geglu_cast)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_fp8_linear_fwd_bwd)->Apply(shapes)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_fp8_gelu_cast)
+    ->Args({16384, 4304, 0})
+    ->Args({16384, 4304, 1})
+    ->ArgNames({"rows", "F", "fused"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_fp8_gelu_linear)
+    ->Args({16384, 4304, 1152, 0})
+    ->Args({16384, 4304, 1152, 1})
+    ->ArgNames({"M", "K", "N", "mode"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);

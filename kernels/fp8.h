@@ -68,6 +68,11 @@ bool fp8_quantize_supported(int64_t rows, int64_t cols);
 void launch_fp8_amax(const Fp8AmaxParams& p, CUstream_st* stream);
 void launch_fp8_quantize(const Fp8QuantParams& p, CUstream_st* stream);
 
+// The GELU producer writing FP8 directly (SigLIP's fc2 input): launch_fp8_quantize of gelu_tanh(x) rounded to
+// p.dtype, exactly as the GELU kernel stores it, so the bytes equal launch_fp8_quantize(gelu(x)). With no output
+// pointer (out, out_t) set, only amax_out is written: the amax pass of current scaling.
+void launch_fp8_gelu_quantize(const Fp8QuantParams& p, CUstream_st* stream);
+
 // The GeGLU producer writing FP8 directly: launch_fp8_quantize of act = geglu(merged) without act in memory.
 // p.x is merged [rows, 2 * cols] (gate columns, then up columns; contiguous), p.cols the GeGLU width F. act is
 // rounded to p.dtype before the cast, exactly as the geglu kernel stores it, so the bytes equal

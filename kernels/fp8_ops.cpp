@@ -145,6 +145,50 @@ void fp8_quantize_into(const at::Tensor& x, Fp8Format format, const at::Tensor& 
 
 namespace {
 
+// pre [rows, F] contiguous floating with rows, F multiples of 16 (the cast kernel's tiles and the FP8 GEMMs).
+void check_gelu_input(const at::Tensor& pre, const char* op) {
+  if (!pre.defined() || pre.dim() != 2 || !pre.is_contiguous() || !at::isFloatingType(pre.scalar_type()) ||
+      pre.size(1) % 16 != 0 || pre.size(0) % 16 != 0)
+    throw std::invalid_argument(std::string(op) + ": pre must be a contiguous floating [rows, F] tensor with rows " +
+                                "and F multiples of 16, got " + describe(pre));
+}
+
+// The fused cast kernels read 16-byte vectors of their input.
+bool cast_kernel_applies(const at::Tensor& x) {
+  return kernel_applies(x) && x.data_ptr() != nullptr && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
+}
+
+}  // namespace
+
+void fp8_gelu_quantize_into(const at::Tensor& pre, const at::Tensor& amax_in, int64_t amax_skip,
+                            const Fp8QuantOutputs& o) {
+  const char* op = "fp8_gelu_quantize";
+  check_gelu_input(pre, op);
+  if (!cast_kernel_applies(pre)) return fp8_quantize_into(kernels::gelu(pre), Fp8Format::kE4m3, amax_in, amax_skip, o);
+  check_cast_outputs(pre.size(0), pre.size(1), pre, Fp8Format::kE4m3, amax_in, o);
+#ifdef VLATUNE_HAVE_CUDA
+  const c10::cuda::CUDAGuard guard(pre.device());
+  Fp8QuantParams p = input_params(pre, Fp8Format::kE4m3, pre.size(1));
+  fill_history_and_outputs(p, amax_in, amax_skip, o);
+  launch_fp8_gelu_quantize(p, stream_of(pre));
+#endif
+}
+
+void fp8_gelu_amax_into(const at::Tensor& pre, const at::Tensor& amax) {
+  check_gelu_input(pre, "fp8_gelu_amax");
+  check_fp32_scalar("amax", amax, pre);
+  if (!amax.defined()) fail("amax is required", amax);
+  if (!cast_kernel_applies(pre)) return fp8_amax_into(kernels::gelu(pre), amax);
+#ifdef VLATUNE_HAVE_CUDA
+  const c10::cuda::CUDAGuard guard(pre.device());
+  Fp8QuantParams p = input_params(pre, Fp8Format::kE4m3, pre.size(1));
+  p.amax_out = amax.data_ptr<float>();  // no outputs: the amax pass only
+  launch_fp8_gelu_quantize(p, stream_of(pre));
+#endif
+}
+
+namespace {
+
 // merged [rows, 2F] contiguous floating with rows, F multiples of 16 (the cast kernels' tiles and the FP8 GEMMs).
 void check_merged(const at::Tensor& merged, const char* op) {
   if (!merged.defined() || merged.dim() != 2 || !merged.is_contiguous() || !at::isFloatingType(merged.scalar_type()) ||
@@ -152,11 +196,6 @@ void check_merged(const at::Tensor& merged, const char* op) {
     throw std::invalid_argument(std::string(op) +
                                 ": merged must be a contiguous floating [rows, 2F] tensor with rows and F " +
                                 "multiples of 16, got " + describe(merged));
-}
-
-bool geglu_cast_kernel_applies(const at::Tensor& merged) {
-  return kernel_applies(merged) && merged.data_ptr() != nullptr &&
-         reinterpret_cast<uintptr_t>(merged.data_ptr()) % 16 == 0;
 }
 
 // Blocks of a merged [rows, 2F] on `device`.
@@ -219,7 +258,7 @@ void fp8_geglu_quantize_into(const at::Tensor& merged, const at::Tensor& amax_in
   check_merged(merged, op);
   const int64_t f = merged.size(1) / 2;
   if (blocks.defined()) check_blocks(blocks, merged.size(0), f, merged.device(), op);
-  if (!geglu_cast_kernel_applies(merged) || (blocks.defined() && !aligned16(blocks.data))) {
+  if (!cast_kernel_applies(merged) || (blocks.defined() && !aligned16(blocks.data))) {
     fp8_quantize_into_ref(geglu(merged), Fp8Format::kE4m3, amax_in, amax_skip, o);
     if (blocks.defined()) geglu_blocks_quantize_ref(merged, blocks);
     return;
@@ -241,7 +280,7 @@ void fp8_geglu_amax_into(const at::Tensor& merged, const at::Tensor& amax) {
   check_merged(merged, "fp8_geglu_amax");
   check_fp32_scalar("amax", amax, merged);
   if (!amax.defined()) fail("amax is required", amax);
-  if (!geglu_cast_kernel_applies(merged)) return fp8_amax_into(geglu(merged), amax);
+  if (!cast_kernel_applies(merged)) return fp8_amax_into(geglu(merged), amax);
 #ifdef VLATUNE_HAVE_CUDA
   const c10::cuda::CUDAGuard guard(merged.device());
   Fp8QuantParams p = input_params(merged, Fp8Format::kE4m3, merged.size(1) / 2);
@@ -280,8 +319,8 @@ at::Tensor backward_input(const at::Tensor& grad, const at::Tensor& merged, cons
 }
 
 bool backward_kernel_applies(const at::Tensor& grad, const at::Tensor& merged, const GegluBlocks& blocks) {
-  if (blocks.defined()) return geglu_cast_kernel_applies(grad) && aligned16(blocks.data);
-  return geglu_cast_kernel_applies(merged) && geglu_cast_kernel_applies(grad);
+  if (blocks.defined()) return cast_kernel_applies(grad) && aligned16(blocks.data);
+  return cast_kernel_applies(merged) && cast_kernel_applies(grad);
 }
 
 #ifdef VLATUNE_HAVE_CUDA

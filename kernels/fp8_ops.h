@@ -31,6 +31,15 @@ void fp8_quantize_into(const at::Tensor& x, Fp8Format format, const at::Tensor& 
 void fp8_quantize_into_ref(const at::Tensor& x, Fp8Format format, const at::Tensor& amax_in, int64_t amax_skip,
                            const Fp8QuantOutputs& outputs);
 
+// The GELU producer writing FP8 (fp8.h launch_fp8_gelu_quantize): gelu_tanh(pre) [rows, F] cast to e4m3 exactly as
+// fp8_quantize_into(gelu(pre), kE4m3, amax_in, amax_skip, outputs) would, without the GELU output in memory (kernel on
+// CUDA for a 16-byte aligned bf16/fp32 pre; that composition elsewhere). pre: contiguous [rows, F], rows and F
+// multiples of 16.
+void fp8_gelu_quantize_into(const at::Tensor& pre, const at::Tensor& amax_in, int64_t amax_skip,
+                            const Fp8QuantOutputs& outputs);
+// amax[0] = max(amax[0], max |gelu_tanh(pre)|).
+void fp8_gelu_amax_into(const at::Tensor& pre, const at::Tensor& amax);
+
 // merged [rows, 2F] in e4m3 blocks (fp8.h kGegluBlock; recipe fp8.saved_geglu_inputs "e4m3-blocks"): data
 // [rows, 2F] Float8_e4m3fn, inv_scale [2F / kGegluBlock, rows] fp32 (block j of row r at [j][r]; fp8.h says why).
 struct GegluBlocks {

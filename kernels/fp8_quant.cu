@@ -333,8 +333,9 @@ __device__ __forceinline__ void read_scale(const Fp8QuantParams& p, float& s_sca
 }
 
 // The plain cast, x [rows, cols]: x loaded directly (staged, the copies' extra instructions made it slower:
-// 0.50 -> 0.56 ms for [22,784, 16,384]), the transposed copy written byte-wise by every thread.
-template <typename T, Fp8Format F>
+// 0.50 -> 0.56 ms for [22,784, 16,384]), the transposed copy written byte-wise by every thread. kGelu: the values
+// cast are gelu_tanh(x) rounded to T, as the GELU kernel stores them (SigLIP's fc2 input, never in memory).
+template <typename T, Fp8Format F, bool kGelu>
 __global__ void __launch_bounds__(kThreads) fp8_quant_kernel(const Fp8QuantParams p) {
   constexpr int V = kVec<T>;  // elements per 16-byte load: 8 bf16, 4 fp32
   __shared__ float s_scale;
@@ -351,8 +352,12 @@ __global__ void __launch_bounds__(kThreads) fp8_quant_kernel(const Fp8QuantParam
     const TileAt at = tile_at(t, p.rows);
     if (out_t != nullptr && t != blockIdx.x) __syncthreads();  // the previous tile's transposed reads are done
     for_each_tile_vector<V>(at, p.rows, p.cols, [&](int, int r, int c, int64_t gr, int64_t gc) {
-      cast_vector<F>(load_pack(x + gr * p.cols + gc, 0), scale, m, out ? out + gr * p.out_ld + gc : nullptr, tile,
-                     out_t != nullptr, r, c);
+      Pack<T, V> v = load_pack(x + gr * p.cols + gc, 0);
+      if constexpr (kGelu) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) v.v[k] = from_float<T>(fused_detail::gelu_tanh(to_float(v.v[k])));
+      }
+      cast_vector<F>(v, scale, m, out ? out + gr * p.out_ld + gc : nullptr, tile, out_t != nullptr, r, c);
     });
     if (out_t != nullptr) {
       __syncthreads();
@@ -606,11 +611,14 @@ void launch_tiles(const Params& p, int64_t tiles, cudaStream_t stream) {
   kKernel<<<static_cast<unsigned>(grid), kThreads, kStageBytes, stream>>>(p);
 }
 
-template <typename T, bool kGeglu>
+// What a cast launcher casts: x itself, gelu_tanh(x), or geglu(merged).
+enum class CastValue { kPlain, kGelu, kGeglu };
+
+template <typename T, CastValue kValue>
 void launch_quant_typed(const Fp8QuantParams& p, cudaStream_t stream) {
   const int64_t tiles = tile_count(p.rows, p.cols);
   const bool e4m3 = p.format == Fp8Format::kE4m3;
-  if constexpr (kGeglu) {
+  if constexpr (kValue == CastValue::kGeglu) {
     using Stage = GegluCastStage<T>;
     if (p.blocks_out != nullptr) {
       if (e4m3) return launch_tiles<fp8_geglu_blocks_quant_kernel<T, Fp8Format::kE4m3>, Stage>(p, tiles, stream);
@@ -619,8 +627,9 @@ void launch_quant_typed(const Fp8QuantParams& p, cudaStream_t stream) {
     if (e4m3) return launch_tiles<fp8_geglu_quant_kernel<T, Fp8Format::kE4m3>, Stage>(p, tiles, stream);
     return launch_tiles<fp8_geglu_quant_kernel<T, Fp8Format::kE5m2>, Stage>(p, tiles, stream);
   } else {
-    if (e4m3) return launch_tiles<fp8_quant_kernel<T, Fp8Format::kE4m3>, void>(p, tiles, stream);
-    launch_tiles<fp8_quant_kernel<T, Fp8Format::kE5m2>, void>(p, tiles, stream);
+    constexpr bool kGelu = kValue == CastValue::kGelu;
+    if (e4m3) return launch_tiles<fp8_quant_kernel<T, Fp8Format::kE4m3, kGelu>, void>(p, tiles, stream);
+    launch_tiles<fp8_quant_kernel<T, Fp8Format::kE5m2, kGelu>, void>(p, tiles, stream);
   }
 }
 
@@ -699,19 +708,23 @@ void check_walk(int64_t rows, int64_t cols, const char* op) {
                                 " is more than 2^30 tiles of 64 x 64");
 }
 
-template <bool kGeglu>
+template <CastValue kValue>
 void launch_quant(const Fp8QuantParams& p, CUstream_st* stream, const char* op) {
+  constexpr bool kGeglu = kValue == CastValue::kGeglu;
+  // The activation casts may run as an amax pass alone (current scaling: no outputs, no history).
+  constexpr bool kAmaxPass = kValue != CastValue::kPlain;
   if (!kGeglu && p.blocks_out != nullptr) throw std::invalid_argument(std::string(op) + ": blocks are GeGLU's");
   if (kGeglu) check_walk(p.rows, p.cols, op);
   check_blocks(p.blocks_out, p.blocks_inv_scale_out, p.cols, op);
   const bool writes = p.out != nullptr || p.out_t != nullptr || p.blocks_out != nullptr;
-  check_quant(p, op, !kGeglu || writes);
-  if (kGeglu && !writes && p.amax_out == nullptr) throw std::invalid_argument(std::string(op) + ": nothing to write");
+  check_quant(p, op, !kAmaxPass || writes);
+  if (kAmaxPass && !writes && p.amax_out == nullptr)
+    throw std::invalid_argument(std::string(op) + ": nothing to write");
   NvtxRange range(op);
   if (p.dtype == ActDtype::kBf16) {
-    launch_quant_typed<__nv_bfloat16, kGeglu>(p, stream);
+    launch_quant_typed<__nv_bfloat16, kValue>(p, stream);
   } else {
-    launch_quant_typed<float, kGeglu>(p, stream);
+    launch_quant_typed<float, kValue>(p, stream);
   }
   VLATUNE_CUDA_CHECK(cudaGetLastError());
 }
@@ -719,11 +732,15 @@ void launch_quant(const Fp8QuantParams& p, CUstream_st* stream, const char* op) 
 }  // namespace
 
 void launch_fp8_quantize(const Fp8QuantParams& p, CUstream_st* stream) {
-  launch_quant<false>(p, stream, "vlatune::fp8_quantize");
+  launch_quant<CastValue::kPlain>(p, stream, "vlatune::fp8_quantize");
+}
+
+void launch_fp8_gelu_quantize(const Fp8QuantParams& p, CUstream_st* stream) {
+  launch_quant<CastValue::kGelu>(p, stream, "vlatune::fp8_gelu_quantize");
 }
 
 void launch_fp8_geglu_quantize(const Fp8QuantParams& p, CUstream_st* stream) {
-  launch_quant<true>(p, stream, "vlatune::fp8_geglu_quantize");
+  launch_quant<CastValue::kGeglu>(p, stream, "vlatune::fp8_geglu_quantize");
 }
 
 void launch_fp8_geglu_backward_quantize(const Fp8GegluBwdParams& p, CUstream_st* stream) {

@@ -378,8 +378,10 @@ struct Float8GegluLinearFn : public torch::autograd::Function<Float8GegluLinearF
   }
 };
 
-// fc2(gelu(pre)) with fc2 in FP8 (kernels::gelu_linear's FP8 form): the GELU kernel, then its output cast to e4m3
-// (row-major) for the GEMM, the bias in the GEMM's epilogue. Saves pre only, as the bf16 node does: the backward
+// fc2(gelu(pre)) with fc2 in FP8 (kernels::gelu_linear's FP8 form): the GELU output cast to e4m3 (row-major) for
+// the GEMM by the cast kernel that computes it (kernels::fp8_gelu_quantize_into: no GELU output in memory; the GELU
+// kernel then the cast where the rows need padding), the bias in the GEMM's epilogue. Saves pre only, as the bf16
+// node does: the backward
 // kernel rebuilds gelu(pre) over the consumed input gradient, and that is cast transposed with the forward's amax for
 // the weight gradient (the forward's bytes again).
 struct Float8GeluLinearFn : public torch::autograd::Function<Float8GeluLinearFn> {
@@ -388,13 +390,20 @@ struct Float8GeluLinearFn : public torch::autograd::Function<Float8GeluLinearFn>
     Float8State& st = *reinterpret_cast<Float8State*>(state_ptr);
     const at::Tensor bias = bias_in.value_or(at::Tensor());
     const int64_t f = pre.size(-1), m = pre.numel() / f, mp = padded(m);
-    const at::Tensor act = kernels::gelu(pre);
+    const at::Tensor pre2 = pre.reshape({m, f});
     at::Tensor y;
     {
       std::optional<profiler::Scope> scope;
       if (!scope_fqn.empty()) scope.emplace(scope_fqn);
       const Fp8Tensor aq =
-          quantize_role(pad_rows(act.reshape({m, f}), mp), Fp8Format::kE4m3, st.input, st.config, true, false);
+          mp == m && pre2.is_contiguous()
+              ? quantize_role_with(
+                    m, f, pre.options(), Fp8Format::kE4m3, st.input, st.config, true, false,
+                    [&](const at::Tensor& amax) { kernels::fp8_gelu_amax_into(pre2, amax); },
+                    [&](const at::Tensor& amax_in, int64_t skip, const Fp8QuantOutputs& o) {
+                      kernels::fp8_gelu_quantize_into(pre2, amax_in, skip, o);
+                    })
+              : quantize_role(pad_rows(kernels::gelu(pre2), mp), Fp8Format::kE4m3, st.input, st.config, true, false);
       const QuantWeights wq = quantize_weights({weight}, at::Tensor(), true, false);
       y = kernels::fp8_mm(aq.data, wq.data.t(), aq.inv_scale, wq.inv_scale, pre.scalar_type(), true, bias);
       ctx->save_for_backward({pre, weight, bias, wq.amax, aq.amax_used});

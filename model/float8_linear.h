@@ -82,11 +82,11 @@ torch::Tensor float8_geglu_linear(const torch::Tensor& merged, const torch::Tens
                                   const std::string& scope_fqn, const kernels::MergedRebuild* rebuild = nullptr,
                                   Float8State* producer = nullptr);
 
-// fc2(gelu_tanh(pre)) with fc2 in FP8 (kernels::gelu_linear's FP8 form, SigLIP's MLP): the GELU kernel's output cast
-// to e4m3 for the GEMM, bias (optional, [out]) in its epilogue. Saves `pre` only, as the bf16 node does; the backward
-// rebuilds the GELU output (kernels::gelu_backward_rebuild) and casts it transposed with the forward's scale for the
-// weight gradient. scope_fqn: the cast's and GEMM's profiler scope. Throws std::invalid_argument for a weight that is
-// not [out, F] with F and out multiples of 16, or a bias that is not [out].
+// fc2(gelu_tanh(pre)) with fc2 in FP8 (kernels::gelu_linear's FP8 form, SigLIP's MLP): gelu_tanh(pre) cast to e4m3
+// for the GEMM as it is computed (kernels::fp8_gelu_quantize_into), bias (optional, [out]) in its epilogue. Saves `pre`
+// only, as the bf16 node does; the backward rebuilds the GELU output (kernels::gelu_backward_rebuild) and casts it
+// transposed with the forward's scale for the weight gradient. scope_fqn: the cast's and GEMM's profiler scope. Throws
+// std::invalid_argument for a weight that is not [out, F] with F and out multiples of 16, or a bias that is not [out].
 torch::Tensor float8_gelu_linear(const torch::Tensor& pre, const torch::Tensor& weight, const torch::Tensor& bias,
                                  Float8State& state, const std::string& scope_fqn);
 

@@ -595,6 +595,64 @@ TEST_CASE("The CUDA FP8 GeGLU casts equal the geglu kernels then the cast kernel
   }
 }
 
+namespace {
+
+// The GELU cast's outputs (row-major and transposed e4m3, scale, amax used and recorded) for pre [rows, F]: the
+// fused entry, or the GELU then the plain cast.
+k::Fp8QuantOutputs gelu_cast(const torch::Tensor& pre, const torch::Tensor& hist, int64_t skip, bool fused) {
+  const auto opt = pre.options();
+  k::Fp8QuantOutputs o;
+  o.out = torch::empty({pre.size(0), pre.size(1)}, opt.dtype(torch::kFloat8_e4m3fn));
+  o.out_t = torch::empty({pre.size(1), pre.size(0)}, opt.dtype(torch::kFloat8_e4m3fn));
+  o.inv_scale = torch::empty({}, opt.dtype(torch::kFloat32));
+  o.amax_used = torch::empty({1}, opt.dtype(torch::kFloat32));
+  o.amax_out = torch::zeros({1}, opt.dtype(torch::kFloat32));
+  if (fused)
+    k::fp8_gelu_quantize_into(pre, hist, skip, o);
+  else
+    k::fp8_quantize_into(k::gelu(pre), k::Fp8Format::kE4m3, hist, skip, o);
+  return o;
+}
+
+void check_gelu_casts_equal(const torch::Tensor& pre) {
+  const auto f32o = pre.options().dtype(torch::kFloat32);
+  auto amax = torch::zeros({1}, f32o), amax_ref = torch::zeros({1}, f32o);
+  k::fp8_gelu_amax_into(pre, amax);
+  k::fp8_amax_into(k::gelu(pre), amax_ref);
+  CHECK(amax.cpu().item<float>() == amax_ref.cpu().item<float>());
+  for (auto [hist, skip] : {std::pair<torch::Tensor, int64_t>{amax_ref, -1}, {f32({0.5f, 1e9f, 0.2f}), 1}}) {
+    const auto h = hist.to(pre.device());
+    const auto a = gelu_cast(pre, h, skip, true), b = gelu_cast(pre, h, skip, false);
+    check_same_bytes(a.out, b.out);
+    check_same_bytes(a.out_t, b.out_t);
+    for (auto [x, y] : {std::pair{a.inv_scale, b.inv_scale}, {a.amax_used, b.amax_used}, {a.amax_out, b.amax_out}})
+      CHECK(x.cpu().item<float>() == y.cpu().item<float>());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("The FP8 GELU cast equals the GELU then the plain cast, and refuses bad shapes (CPU)", "[fp8]") {
+  torch::manual_seed(31);
+  check_gelu_casts_equal(torch::randn({48, 80}) * 3);
+  auto amax = torch::zeros({1});
+  CHECK_THROWS_WITH(k::fp8_gelu_amax_into(torch::randn({20, 32}), amax), Catch::Contains("multiples of 16"));
+  CHECK_THROWS_WITH(k::fp8_gelu_amax_into(torch::randn({32, 64}).t(), amax), Catch::Contains("contiguous"));
+}
+
+TEST_CASE("The CUDA FP8 GELU cast equals the GELU kernel then the cast kernel, byte for byte", "[.gpu][fp8]") {
+  REQUIRE(torch::cuda::is_available());
+  torch::manual_seed(37);
+  const auto dtype = GENERATE(torch::kBFloat16, torch::kFloat32);
+  // SigLIP's fc1 output at batch 32 (16,384 x 4,304: partial tiles at the right edge), and small shapes.
+  for (auto [rows, f] : {std::pair<int64_t, int64_t>{16, 16}, {48, 80}, {528, 2064}, {16384, 4304}}) {
+    INFO(rows << " x " << f << " " << c10::toString(dtype));
+    auto pre = (torch::randn({rows, f}, torch::TensorOptions().device(torch::kCUDA)) * 3).to(dtype);
+    pre[0][1] = 500.0f;  // an outlier
+    check_gelu_casts_equal(pre);
+  }
+}
+
 TEST_CASE("GeGLU inputs in e4m3 blocks: one scale per 64 elements of a row, read back within e4m3's rounding",
           "[fp8]") {
   const int64_t rows = 16, f = 64;
