@@ -381,9 +381,8 @@ struct Float8GegluLinearFn : public torch::autograd::Function<Float8GegluLinearF
 // fc2(gelu(pre)) with fc2 in FP8 (kernels::gelu_linear's FP8 form): the GELU output cast to e4m3 (row-major) for
 // the GEMM by the cast kernel that computes it (kernels::fp8_gelu_quantize_into: no GELU output in memory; the GELU
 // kernel then the cast where the rows need padding), the bias in the GEMM's epilogue. Saves pre only, as the bf16
-// node does: the backward
-// kernel rebuilds gelu(pre) over the consumed input gradient, and that is cast transposed with the forward's amax for
-// the weight gradient (the forward's bytes again).
+// node does: the backward kernel rebuilds gelu(pre) over the consumed input gradient, and that is cast transposed
+// with the forward's amax for the weight gradient (the forward's bytes again).
 struct Float8GeluLinearFn : public torch::autograd::Function<Float8GeluLinearFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& pre, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias_in, int64_t state_ptr, const std::string& scope_fqn) {
