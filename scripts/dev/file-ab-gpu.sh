@@ -50,15 +50,9 @@ VLATUNE_COMMIT="$(cat "$base_dir/.commit")-files" gpu_build "$logs" vlatune || {
 cp build-gpu/cli/vlatune /tmp/vlatune_base
 restore
 echo "$(el) base built (${#files[@]} file(s) of $(cat "$base_dir/.commit"): ${files[*]})"
-targets=(vlatune)
-[ -n "${TESTS:-}" ] && targets+=(vlatune_tests_torch)
-gpu_build "$logs" "${targets[@]}" || exit 1
+gpu_build_tested "$logs" "$out" || exit 1
 cp build-gpu/cli/vlatune /tmp/vlatune_tree
 echo "$(el) tree built"
-if [ -n "${TESTS:-}" ]; then
-  ./build-gpu/tests/vlatune_tests_torch "$TESTS" >"$out/tests.log" 2>&1
-  echo "$(el) tests exit $?: $(tail -2 "$out/tests.log" | tr '\n' ' ')"
-fi
 
 source scripts/dev/pairs.sh
 train() {  # SIDE RECIPE DATA NAME STEPS [flags]

@@ -22,15 +22,9 @@ timing_warmup="${TIMING_WARMUP:-10}"
 t0=$(date +%s)
 el() { echo "[$(($(date +%s) - t0)) s]"; }
 source scripts/dev/gpu-build.sh
-targets=(vlatune)
-[ -n "${TESTS:-}" ] && targets+=(vlatune_tests_torch)
-gpu_build "$out" "${targets[@]}" || exit 1
+gpu_build_tested "$out" "$out" || exit 1
 v=./build-gpu/cli/vlatune
 echo "$(el) built"
-if [ -n "${TESTS:-}" ]; then
-  ./build-gpu/tests/vlatune_tests_torch "$TESTS" >"$out/tests.log" 2>&1
-  echo "$(el) tests exit $?: $(tail -2 "$out/tests.log" | tr '\n' ' ')"
-fi
 
 source scripts/dev/pairs.sh
 for pair in ${PAIRS:-fp8}; do
