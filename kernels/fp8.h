@@ -100,4 +100,27 @@ struct Fp8GegluBwdParams {
 };
 void launch_fp8_geglu_backward_quantize(const Fp8GegluBwdParams& p, CUstream_st* stream);
 
+// The GELU backward, quantized, in one pass over pre [rows, F] and grad [rows, F] (dL/d gelu_tanh(pre)): SigLIP's
+// fc1 output and fc2's input gradient, where fc1 and fc2 both run in FP8.
+//   grad_pre = gelu_backward(grad, pre) (values as the GELU backward kernel rounds them) cast per `grad_pre` (x = pre,
+//     cols = F; out [rows, F], out_t [F, rows], amax_out, inv_scale_out, amax_used_out, amax_in / amax_skip as in
+//     launch_fp8_quantize): fc1's output gradient, both layouts;
+//   act^T = gelu_tanh(pre)^T as the GELU kernel rounds it, cast to e4m3 with scale = 448 / act_amax_in[0], into act_t
+//     [F, rows] (row stride act_t_ld bytes) and act_inv_scale_out[0] = 1 / scale: fc2's input, rebuilt;
+//   bias_partials [ceil(rows / 64), F] fp32 (or null): row r / 64 of it holds the sums of grad_pre's values (before
+//     the cast) over rows r..r+63 of each column, which launch_column_sums turns into fc1's bias gradient.
+// No output set in grad_pre (out, out_t), act_t and bias_partials null: only grad_pre's amax (current scaling's first
+// pass).
+struct Fp8GeluBwdParams {
+  Fp8QuantParams grad_pre;
+  const void* grad = nullptr;
+  const float* act_amax_in = nullptr;
+  void* act_t = nullptr;  // or null
+  int64_t act_t_ld = 0;
+  float* act_inv_scale_out = nullptr;  // or null
+  float* bias_partials = nullptr;      // or null
+};
+constexpr int kGeluBwdPartialRows = 64;  // rows of grad_pre summed into one row of bias_partials
+void launch_fp8_gelu_backward_quantize(const Fp8GeluBwdParams& p, CUstream_st* stream);
+
 }  // namespace vlatune::kernels

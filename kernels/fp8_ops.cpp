@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/column_sums.h"
 #include "kernels/fp8_ops.h"
 #include "kernels/fused_ops.h"
 #include "kernels/op_support.h"
@@ -394,6 +395,105 @@ void fp8_geglu_backward_amax_into(const at::Tensor& grad, const at::Tensor& merg
   Fp8GegluBwdParams p = geglu_bwd_params(grad, merged, blocks, Fp8Format::kE5m2);
   p.grad_merged.amax_out = amax.data_ptr<float>();  // no outputs: the amax pass only
   launch_fp8_geglu_backward_quantize(p, stream_of(grad));
+#endif
+}
+
+namespace {
+
+void check_gelu_grad(const at::Tensor& grad, const at::Tensor& pre, const char* op) {
+  check_gelu_input(pre, op);
+  if (!grad.defined() || grad.dim() != 2 || !grad.is_contiguous() || grad.scalar_type() != pre.scalar_type() ||
+      grad.sizes() != pre.sizes() || grad.device() != pre.device())
+    throw std::invalid_argument(std::string(op) + ": grad must be contiguous and like pre (" + describe(pre) +
+                                "), got " + describe(grad));
+}
+
+// gelu_backward without the activation rebuilt (grad is only read).
+at::Tensor gelu_grad_values(const at::Tensor& grad, const at::Tensor& pre) {
+  at::Tensor g = grad;
+  return kernels::gelu_backward(g, pre);
+}
+
+#ifdef VLATUNE_HAVE_CUDA
+Fp8GeluBwdParams gelu_bwd_params(const at::Tensor& grad, const at::Tensor& pre, Fp8Format format) {
+  Fp8GeluBwdParams p;
+  p.grad_pre = input_params(pre, format, pre.size(1));
+  p.grad = grad.const_data_ptr();
+  return p;
+}
+#endif
+
+}  // namespace
+
+void fp8_gelu_backward_quantize_into(const at::Tensor& grad, const at::Tensor& pre, Fp8Format format,
+                                     const at::Tensor& amax_in, int64_t amax_skip, const at::Tensor& act_amax,
+                                     const Fp8GeluGradOutputs& o) {
+  const char* op = "fp8_gelu_backward_quantize";
+  check_gelu_grad(grad, pre, op);
+  const int64_t rows = pre.size(0), f = pre.size(1);
+  check_cast_outputs(rows, f, pre, format, amax_in, o.grad_pre);
+  if (o.act_t.defined() &&
+      (o.act_t.dim() != 2 || o.act_t.size(0) != f || o.act_t.size(1) != rows ||
+       o.act_t.scalar_type() != at::kFloat8_e4m3fn || o.act_t.stride(1) != 1 || o.act_t.device() != pre.device()))
+    fail("act_t must be [F, rows] Float8_e4m3fn with a contiguous last dim", o.act_t);
+  if (o.act_t.defined() || o.act_inv_scale.defined()) {
+    if (!act_amax.defined() || act_amax.numel() != 1 || act_amax.scalar_type() != at::kFloat ||
+        act_amax.device() != pre.device())
+      fail("act_amax must be one fp32 element on " + pre.device().str(), act_amax);
+  }
+  check_fp32_scalar("act_inv_scale", o.act_inv_scale, pre);
+  if (o.bias_grad.defined() && (o.bias_grad.dim() != 1 || o.bias_grad.size(0) != f || !o.bias_grad.is_contiguous() ||
+                                o.bias_grad.scalar_type() != pre.scalar_type() || o.bias_grad.device() != pre.device()))
+    fail("bias_grad must be a contiguous [F] tensor of pre's dtype on " + pre.device().str(), o.bias_grad);
+  if (!(cast_kernel_applies(pre) && cast_kernel_applies(grad))) {
+    const at::Tensor grad_pre = gelu_grad_values(grad, pre);
+    fp8_quantize_into_ref(grad_pre, format, amax_in, amax_skip, o.grad_pre);
+    if (o.act_t.defined() || o.act_inv_scale.defined()) {
+      Fp8QuantOutputs a;
+      a.out_t = o.act_t;
+      a.inv_scale = o.act_inv_scale;
+      fp8_quantize_into_ref(kernels::gelu(pre), Fp8Format::kE4m3, act_amax.reshape({1}), -1, a);
+    }
+    if (o.bias_grad.defined()) o.bias_grad.copy_(kernels::bias_grad(grad_pre, pre.scalar_type()));
+    return;
+  }
+#ifdef VLATUNE_HAVE_CUDA
+  const c10::cuda::CUDAGuard guard(pre.device());
+  Fp8GeluBwdParams p = gelu_bwd_params(grad, pre, format);
+  fill_history_and_outputs(p.grad_pre, amax_in, amax_skip, o.grad_pre);
+  if (o.act_t.defined()) p.act_t = o.act_t.data_ptr(), p.act_t_ld = o.act_t.stride(0);
+  if (act_amax.defined()) p.act_amax_in = act_amax.const_data_ptr<float>();
+  p.act_inv_scale_out = o.act_inv_scale.defined() ? o.act_inv_scale.data_ptr<float>() : nullptr;
+  at::Tensor partials;
+  if (o.bias_grad.defined()) {
+    const int64_t partial_rows = (rows + kGeluBwdPartialRows - 1) / kGeluBwdPartialRows;
+    partials = at::empty({partial_rows, f}, pre.options().dtype(at::kFloat));
+    p.bias_partials = partials.data_ptr<float>();
+  }
+  launch_fp8_gelu_backward_quantize(p, stream_of(pre));
+  if (partials.defined()) {
+    ColumnSumParams sums;
+    sums.dtype = act_dtype(pre);
+    sums.rows = partials.size(0);
+    sums.cols = f;
+    sums.partials = partials.const_data_ptr<float>();
+    sums.out = o.bias_grad.data_ptr();
+    launch_column_sums(sums, stream_of(pre));
+  }
+#endif
+}
+
+void fp8_gelu_backward_amax_into(const at::Tensor& grad, const at::Tensor& pre, const at::Tensor& amax) {
+  const char* op = "fp8_gelu_backward_amax";
+  check_gelu_grad(grad, pre, op);
+  if (!amax.defined()) fail("amax is required", amax);
+  check_fp32_scalar("amax", amax, pre);
+  if (!(cast_kernel_applies(pre) && cast_kernel_applies(grad))) return fp8_amax_into(gelu_grad_values(grad, pre), amax);
+#ifdef VLATUNE_HAVE_CUDA
+  const c10::cuda::CUDAGuard guard(pre.device());
+  Fp8GeluBwdParams p = gelu_bwd_params(grad, pre, Fp8Format::kE5m2);
+  p.grad_pre.amax_out = amax.data_ptr<float>();  // no outputs: the amax pass only
+  launch_fp8_gelu_backward_quantize(p, stream_of(pre));
 #endif
 }
 

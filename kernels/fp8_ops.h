@@ -83,6 +83,27 @@ void fp8_geglu_backward_quantize_into(const at::Tensor& grad, const at::Tensor& 
 void fp8_geglu_backward_amax_into(const at::Tensor& grad, const at::Tensor& merged, const at::Tensor& amax,
                                   const GegluBlocks& blocks = {});
 
+// The GELU backward, quantized (fp8.h launch_fp8_gelu_backward_quantize): from grad = dL/d gelu_tanh(pre) [rows, F]
+// and pre [rows, F] (contiguous, rows and F multiples of 16), in one pass:
+//   grad_pre = gelu_backward(grad, pre) [rows, F] cast to `format` with scale from amax_in / amax_skip into
+//     grad_pre.{out [rows, F], out_t [F, rows], amax_out, inv_scale, amax_used} (any may be undefined);
+//   act_t [F, rows] = gelu(pre)^T in e4m3 with scale 448 / act_amax[0], and act_inv_scale = 1 / that scale;
+//   bias_grad [F] (pre's dtype) = the column sums of grad_pre's values in fp32, rounded once (bias_grad's contract;
+//     the order of the fp32 additions differs).
+// The casts equal fp8_quantize_into(gelu_backward(grad, pre), ...) and fp8_quantize_into(gelu(pre), kE4m3, act_amax,
+// -1, {out_t = act_t}) byte for byte; that composition, and bias_grad, on the CPU.
+struct Fp8GeluGradOutputs {
+  Fp8QuantOutputs grad_pre;
+  at::Tensor act_t;          // [F, rows] e4m3, last dim contiguous, or undefined
+  at::Tensor act_inv_scale;  // one fp32 element, or undefined
+  at::Tensor bias_grad;      // [F] in pre's dtype, contiguous, or undefined
+};
+void fp8_gelu_backward_quantize_into(const at::Tensor& grad, const at::Tensor& pre, Fp8Format format,
+                                     const at::Tensor& amax_in, int64_t amax_skip, const at::Tensor& act_amax,
+                                     const Fp8GeluGradOutputs& outputs);
+// amax[0] = max(amax[0], max |gelu_backward(grad, pre)|).
+void fp8_gelu_backward_amax_into(const at::Tensor& grad, const at::Tensor& pre, const at::Tensor& amax);
+
 // Current scaling in one call: amax pass + cast pass. Returns the requested layouts and the dequantization scale.
 struct Fp8Tensor {
   at::Tensor data;       // [rows, cols] row-major, when requested

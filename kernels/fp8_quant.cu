@@ -21,6 +21,8 @@ using fused_detail::from_float;
 using fused_detail::geglu_grads2;
 using fused_detail::geglu_value2;
 using fused_detail::GegluGrads2;
+using fused_detail::gelu_tanh_pair;
+using fused_detail::GeluTanhPair;
 using fused_detail::kVec;
 using fused_detail::load_pack;
 using fused_detail::NvtxRange;
@@ -332,6 +334,25 @@ __device__ __forceinline__ void read_scale(const Fp8QuantParams& p, float& s_sca
   }
 }
 
+// The backward casts' two scales: the gradient's from p (as read_scale) and the rebuilt activation's (e4m3, from
+// act_amax_in alone), read by warp 0 into s_scale and s_act_scale; block 0 also writes amax_used_out and both inverse
+// scales. The caller's barrier publishes them.
+template <Fp8Format F>
+__device__ __forceinline__ void read_backward_scales(const Fp8QuantParams& p, const float* act_amax_in,
+                                                     float* act_inv_scale_out, float& s_scale, float& s_act_scale) {
+  if (threadIdx.x >= 32) return;
+  const bool first = blockIdx.x == 0;
+  const float scale =
+      warp_scale_from(p.amax_in, p.amax_count, p.amax_skip, fp8_max_value(F), first ? p.amax_used_out : nullptr);
+  const float act_scale = warp_scale_from(act_amax_in, 1, -1, fp8_max_value(Fp8Format::kE4m3), nullptr);
+  if (threadIdx.x == 0) {
+    s_scale = scale;
+    s_act_scale = act_scale;
+    if (first && p.inv_scale_out != nullptr) p.inv_scale_out[0] = __fdiv_rn(1.f, scale);
+    if (first && act_inv_scale_out != nullptr) act_inv_scale_out[0] = __fdiv_rn(1.f, act_scale);
+  }
+}
+
 // The plain cast, x [rows, cols]: x loaded directly (staged, the copies' extra instructions made it slower:
 // 0.50 -> 0.56 ms for [22,784, 16,384]), the transposed copy written byte-wise by every thread. kGelu: the values
 // cast are gelu_tanh(x) rounded to T, as the GELU kernel stores them (SigLIP's fc2 input, never in memory).
@@ -521,18 +542,7 @@ __global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluB
   };
   const TileWalk walk = tile_walk(p.rows, f);
   issue(walk, stages[0]);
-  if (threadIdx.x < 32) {
-    const bool first = blockIdx.x == 0;
-    const float scale =
-        warp_scale_from(p.amax_in, p.amax_count, p.amax_skip, fp8_max_value(F), first ? p.amax_used_out : nullptr);
-    const float act_scale = warp_scale_from(bp.act_amax_in, 1, -1, fp8_max_value(Fp8Format::kE4m3), nullptr);
-    if (threadIdx.x == 0) {
-      s_scale = scale;
-      s_act_scale = act_scale;
-      if (first && p.inv_scale_out != nullptr) p.inv_scale_out[0] = __fdiv_rn(1.f, scale);
-      if (first && bp.act_inv_scale_out != nullptr) bp.act_inv_scale_out[0] = __fdiv_rn(1.f, act_scale);
-    }
-  }
+  read_backward_scales<F>(p, bp.act_amax_in, bp.act_inv_scale_out, s_scale, s_act_scale);
   __syncthreads();
   const float scale = s_scale, act_scale = s_act_scale;
   uint8_t* out = static_cast<uint8_t*>(p.out);
@@ -583,6 +593,125 @@ __global__ void __launch_bounds__(kThreads) fp8_geglu_bwd_kernel(const Fp8GegluB
         if (which == 1 && out_t != nullptr)
           write_transposed(tile_u, part, out_t + (f + col0) * p.out_t_ld, p.out_t_ld, gr);
         if (which == 2 && act_t != nullptr) write_transposed(tile_a, part, act_t + col0 * bp.act_t_ld, bp.act_t_ld, gr);
+      }
+    }
+  });
+  record_amax(m, p.amax_out);
+}
+
+// One stage of the GELU backward's staged inputs: dy and pre, one 16-byte vector each per slot.
+template <typename T>
+struct GeluBwdStage {
+  static constexpr int V = kVec<T>;
+  Pack<T, V> dy[kTileVectors<V>][kThreads], pre[kTileVectors<V>][kThreads];
+};
+
+// A tile's column sums in two steps around the tile's barrier. for_each_tile_vector gives a thread the same V
+// columns in every row it covers, so `sums` holds its columns' sums over its rows; stage_column_sums adds them across
+// the warp's lanes of those columns (shuffles) into warp_sums[warp]; after the barrier, write_column_sums has thread
+// `column` (< kTile) add the warps' sums in warp order into partials[at.row0 / kTile][at.col0 + column]. Fixed
+// order: deterministic.
+using WarpColumnSums = float[kThreads / 32][kTile];
+template <int V>
+__device__ __forceinline__ void stage_column_sums(float (&sums)[V], WarpColumnSums& warp_sums) {
+  constexpr int kVecPerRow = kTile / V;  // lanes l, l + kVecPerRow, ... of a warp hold the same columns
+#pragma unroll
+  for (int offset = kVecPerRow; offset < 32; offset <<= 1)
+#pragma unroll
+    for (int k = 0; k < V; ++k) sums[k] += __shfl_xor_sync(0xffffffffu, sums[k], offset);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane < kVecPerRow)
+#pragma unroll
+    for (int k = 0; k < V; ++k) warp_sums[warp][lane * V + k] = sums[k];
+}
+__device__ __forceinline__ void write_column_sums(const WarpColumnSums& warp_sums, int column, TileAt at, int64_t cols,
+                                                  float* partials) {
+  if (at.col0 + column >= cols) return;
+  float sum = 0.f;
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) sum += warp_sums[w][column];
+  partials[(at.row0 / kTile) * cols + at.col0 + column] = sum;
+}
+
+// The GELU backward, cast: 64 x 64 tiles, a block walking several, pre and dy staged a tile ahead; the input gradient
+// and the rebuilt GELU output take a shared-memory tile each for their transposed writes, and the input gradient's
+// column sums become one row of bias partials per tile.
+template <typename T, Fp8Format F>
+__global__ void __launch_bounds__(kThreads) fp8_gelu_bwd_kernel(const Fp8GeluBwdParams bp) {
+  static_assert(kGeluBwdPartialRows == kTile, "a bias partial row is one tile's rows");
+  const Fp8QuantParams& p = bp.grad_pre;
+  constexpr int V = kVec<T>;
+  using Stage = GeluBwdStage<T>;
+  Stage* stages = reinterpret_cast<Stage*>(stage_smem);
+  __shared__ float s_scale, s_act_scale;
+  __shared__ __align__(16) Tile tile_g;
+  __shared__ __align__(16) Tile tile_a;
+  __shared__ WarpColumnSums warp_sums;
+  const T* pre = static_cast<const T*>(p.x);
+  const T* grad = static_cast<const T*>(bp.grad);
+  const auto issue = [&](const TileWalk& w, Stage& stage) {
+    if (w.valid()) {
+      for_each_tile_vector<V>(w.at(), p.rows, p.cols, [&](int j, int, int, int64_t gr, int64_t gc) {
+        async_copy_slot(stage.dy[j][threadIdx.x], grad + gr * p.cols + gc);
+        async_copy_slot(stage.pre[j][threadIdx.x], pre + gr * p.cols + gc);
+      });
+    }
+    async_commit();  // an empty group past the last tile keeps the wait's count uniform
+  };
+  const TileWalk walk = tile_walk(p.rows, p.cols);
+  issue(walk, stages[0]);
+  read_backward_scales<F>(p, bp.act_amax_in, bp.act_inv_scale_out, s_scale, s_act_scale);
+  __syncthreads();
+  const float scale = s_scale, act_scale = s_act_scale;
+  uint8_t* out = static_cast<uint8_t*>(p.out);
+  uint8_t* out_t = static_cast<uint8_t*>(p.out_t);
+  uint8_t* act_t = static_cast<uint8_t*>(bp.act_t);
+  float* partials = bp.bias_partials;
+  const bool shares = out_t != nullptr || act_t != nullptr || partials != nullptr;  // through shared memory
+  float m = 0.f;
+  for_each_staged_tile(walk, stages, issue, [&](const TileAt& at, const Stage& stage, bool first) {
+    if (shares && !first) __syncthreads();  // the previous tile's shared reads are done
+    float sums[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) sums[k] = 0.f;
+    for_each_tile_vector<V>(at, p.rows, p.cols, [&](int j, int r, int c, int64_t gr, int64_t gc) {
+      const Pack<T, V> x = stage.pre[j][threadIdx.x], dy = stage.dy[j][threadIdx.x];
+      Pack<uint8_t, V> qg, qa;
+#pragma unroll
+      for (int k = 0; k < V; k += 2) {
+        // The GELU backward kernel's values: d pre = dy * slope and the activation, each rounded to T.
+        const GeluTanhPair e0 = gelu_tanh_pair(to_float(x.v[k])), e1 = gelu_tanh_pair(to_float(x.v[k + 1]));
+        const float2 dx = round_to2<T>(make_float2(to_float(dy.v[k]) * e0.slope, to_float(dy.v[k + 1]) * e1.slope));
+        const float2 act = round_to2<T>(make_float2(e0.value, e1.value));
+        m = fmaxf(m, fmaxf(fabsf(dx.x), fabsf(dx.y)));
+        sums[k] += dx.x;
+        sums[k + 1] += dx.y;
+        qg.v[k] = cast_fp8<F>(__fmul_rn(dx.x, scale));
+        qg.v[k + 1] = cast_fp8<F>(__fmul_rn(dx.y, scale));
+        qa.v[k] = cast_fp8<Fp8Format::kE4m3>(__fmul_rn(act.x, act_scale));
+        qa.v[k + 1] = cast_fp8<Fp8Format::kE4m3>(__fmul_rn(act.y, act_scale));
+      }
+      if (out != nullptr) *reinterpret_cast<Pack<uint8_t, V>*>(out + gr * p.out_ld + gc) = qg;
+      if (out_t != nullptr) *reinterpret_cast<Pack<uint8_t, V>*>(&tile_g[r][tile_col(r, c)]) = qg;
+      if (act_t != nullptr) *reinterpret_cast<Pack<uint8_t, V>*>(&tile_a[r][tile_col(r, c)]) = qa;
+    });
+    if (partials != nullptr) stage_column_sums<V>(sums, warp_sums);
+    if (shares) {
+      __syncthreads();
+      // Per 64 threads (a warp-uniform choice): the input gradient's transposed tile, the activation's, the column
+      // sums; the last 64 threads have none.
+      const int which = static_cast<int>(threadIdx.x) / kTransposeThreads;
+      const int index = static_cast<int>(threadIdx.x) % kTransposeThreads;
+      if (which == 2) {
+        if (partials != nullptr) write_column_sums(warp_sums, index, at, p.cols, partials);
+      } else if (which < 2) {
+        const TilePart part = tile_part(index);
+        const int64_t gr = at.row0 + part.r, col0 = at.col0;
+        if (gr < p.rows && col0 + part.c < p.cols) {
+          if (which == 0 && out_t != nullptr) write_transposed(tile_g, part, out_t + col0 * p.out_t_ld, p.out_t_ld, gr);
+          if (which == 1 && act_t != nullptr)
+            write_transposed(tile_a, part, act_t + col0 * bp.act_t_ld, bp.act_t_ld, gr);
+        }
       }
     }
   });
@@ -645,6 +774,15 @@ void launch_geglu_bwd_typed(const Fp8GegluBwdParams& p, cudaStream_t stream) {
   using Stage = GegluBwdStage<T, false>;
   if (e4m3) return launch_tiles<fp8_geglu_bwd_kernel<T, Fp8Format::kE4m3, false>, Stage>(p, tiles, stream);
   launch_tiles<fp8_geglu_bwd_kernel<T, Fp8Format::kE5m2, false>, Stage>(p, tiles, stream);
+}
+
+template <typename T>
+void launch_gelu_bwd_typed(const Fp8GeluBwdParams& p, cudaStream_t stream) {
+  const int64_t tiles = tile_count(p.grad_pre.rows, p.grad_pre.cols);
+  using Stage = GeluBwdStage<T>;
+  if (p.grad_pre.format == Fp8Format::kE4m3)
+    return launch_tiles<fp8_gelu_bwd_kernel<T, Fp8Format::kE4m3>, Stage>(p, tiles, stream);
+  launch_tiles<fp8_gelu_bwd_kernel<T, Fp8Format::kE5m2>, Stage>(p, tiles, stream);
 }
 
 bool aligned16(const void* ptr) {
@@ -763,6 +901,27 @@ void launch_fp8_geglu_backward_quantize(const Fp8GegluBwdParams& p, CUstream_st*
     launch_geglu_bwd_typed<__nv_bfloat16>(p, stream);
   } else {
     launch_geglu_bwd_typed<float>(p, stream);
+  }
+  VLATUNE_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_fp8_gelu_backward_quantize(const Fp8GeluBwdParams& p, CUstream_st* stream) {
+  const char* op = "vlatune::fp8_gelu_backward_quantize";
+  const Fp8QuantParams& g = p.grad_pre;
+  check_walk(g.rows, g.cols, op);
+  const bool writes = g.out != nullptr || g.out_t != nullptr || p.act_t != nullptr || p.bias_partials != nullptr;
+  check_quant(g, op, writes);
+  if (p.grad == nullptr || !aligned16(p.grad))
+    throw std::invalid_argument(std::string(op) + ": grad (16-byte aligned) is required");
+  if (p.act_t != nullptr &&
+      (p.act_amax_in == nullptr || !aligned16(p.act_t) || p.act_t_ld % 16 != 0 || p.act_t_ld < g.rows))
+    throw std::invalid_argument(std::string(op) + ": act_t needs act_amax_in and a 16-byte aligned layout");
+  if (!writes && g.amax_out == nullptr) throw std::invalid_argument(std::string(op) + ": nothing to write");
+  NvtxRange range(op);
+  if (g.dtype == ActDtype::kBf16) {
+    launch_gelu_bwd_typed<__nv_bfloat16>(p, stream);
+  } else {
+    launch_gelu_bwd_typed<float>(p, stream);
   }
   VLATUNE_CUDA_CHECK(cudaGetLastError());
 }

@@ -176,21 +176,23 @@ struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
     if (!grads[0].defined()) return result;
     const int64_t n = grads[0].size(-1), m = grads[0].numel() / n, mp = xq_t.size(1);
     const bool need_x = ctx->needs_input_grad(0);
-    if (with_bias && st.pending_grad)
-      throw std::logic_error("float8_linear: a GEMM with a bias cannot take a gradient cast by a GeGLU backward");
-    if (with_bias && ctx->needs_input_grad(1 + weights.size()))
+    if (with_bias && st.pending_grad && !st.pending_grad->bias_grad.defined())
+      throw std::logic_error("float8_linear: a GEMM with a bias took a gradient cast without its column sums");
+    if (with_bias && ctx->needs_input_grad(1 + weights.size())) {
+      const auto bias_dtype = static_cast<at::ScalarType>(ctx->saved_data["bias_dtype"].toInt());
       result[1 + weights.size()] =
-          kernels::bias_grad(grads[0], static_cast<at::ScalarType>(ctx->saved_data["bias_dtype"].toInt()));
+          st.pending_grad ? st.pending_grad->bias_grad.to(bias_dtype) : kernels::bias_grad(grads[0], bias_dtype);
+    }
     Fp8Tensor gq;
     if (st.pending_grad) {
-      // The GeGLU backward already cast this gradient (grads[0] is its zero-stride placeholder).
+      // The GeGLU (GELU) backward already cast this gradient (grads[0] is its zero-stride placeholder).
       gq.data = std::move(st.pending_grad->data);
       gq.data_t = std::move(st.pending_grad->data_t);
       gq.inv_scale = std::move(st.pending_grad->inv_scale);
       st.pending_grad.reset();
       ++st.pending_grads_taken;
       if (gq.data_t.size(0) != n || gq.data_t.size(1) != mp)
-        throw std::logic_error("float8_linear: the FP8 gradient left by the GeGLU backward has the wrong shape");
+        throw std::logic_error("float8_linear: the FP8 gradient left by the GeGLU (GELU) backward has the wrong shape");
     } else {
       gq = quantize_role(pad_rows(grads[0].reshape({m, n}), mp), Fp8Format::kE5m2, st.grad_output, st.config, need_x,
                          true);
@@ -279,7 +281,32 @@ CastOutput geglu_backward_cast(const at::Tensor& grad_act2, const at::Tensor& me
         kernels::fp8_geglu_backward_quantize_into(grad_act2, merged2, Fp8Format::kE5m2, amax_in, skip, act_amax, g,
                                                   blocks);
       });
-  producer.pending_grad = Fp8Gradient{gq.data, gq.data_t, gq.inv_scale};
+  producer.pending_grad = Fp8Gradient{gq.data, gq.data_t, gq.inv_scale, at::Tensor()};
+  return act;
+}
+
+// The fused GELU backward: d pre cast to e5m2 (both layouts, the producer GEMM's grad_output scaling) with its column
+// sums, left in producer.pending_grad; returns fc2's rebuilt input (as rebuilt_input_t of gelu(pre)) from the same
+// pass.
+CastOutput gelu_backward_cast(const at::Tensor& grad_act2, const at::Tensor& pre2, const at::Tensor& act_amax,
+                              Float8State& producer) {
+  const int64_t m = pre2.size(0), f = pre2.size(1);
+  CastOutput act;
+  act.data_t = at::empty({f, m}, pre2.options().dtype(at::kFloat8_e4m3fn));
+  act.inv_scale = at::empty({}, pre2.options().dtype(at::kFloat));
+  const at::Tensor bias_grad = at::empty({f}, pre2.options());
+  const Fp8Tensor gq = quantize_role_with(
+      m, f, pre2.options(), Fp8Format::kE5m2, producer.grad_output, producer.config, true, true,
+      [&](const at::Tensor& amax) { kernels::fp8_gelu_backward_amax_into(grad_act2, pre2, amax); },
+      [&](const at::Tensor& amax_in, int64_t skip, const Fp8QuantOutputs& o) {
+        kernels::Fp8GeluGradOutputs g;
+        g.grad_pre = o;
+        g.act_t = act.data_t;
+        g.act_inv_scale = act.inv_scale;
+        g.bias_grad = bias_grad;
+        kernels::fp8_gelu_backward_quantize_into(grad_act2, pre2, Fp8Format::kE5m2, amax_in, skip, act_amax, g);
+      });
+  producer.pending_grad = Fp8Gradient{gq.data, gq.data_t, gq.inv_scale, bias_grad};
   return act;
 }
 
@@ -385,7 +412,8 @@ struct Float8GegluLinearFn : public torch::autograd::Function<Float8GegluLinearF
 // with the forward's amax for the weight gradient (the forward's bytes again).
 struct Float8GeluLinearFn : public torch::autograd::Function<Float8GeluLinearFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& pre, const at::Tensor& weight,
-                            const std::optional<at::Tensor>& bias_in, int64_t state_ptr, const std::string& scope_fqn) {
+                            const std::optional<at::Tensor>& bias_in, int64_t state_ptr, int64_t producer_ptr,
+                            const std::string& scope_fqn) {
     Float8State& st = *reinterpret_cast<Float8State*>(state_ptr);
     const at::Tensor bias = bias_in.value_or(at::Tensor());
     const int64_t f = pre.size(-1), m = pre.numel() / f, mp = padded(m);
@@ -411,14 +439,17 @@ struct Float8GeluLinearFn : public torch::autograd::Function<Float8GeluLinearFn>
     std::vector<int64_t> shape = pre.sizes().vec();
     shape.back() = y.size(1);
     ctx->saved_data["state"] = state_ptr;
+    ctx->saved_data["producer"] = producer_ptr;
+    if (producer_ptr != 0) reinterpret_cast<Float8State*>(producer_ptr)->pending_grad.reset();  // a stale one
     return y.reshape(shape);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     Float8State& st = state_of(ctx);
+    auto* producer = reinterpret_cast<Float8State*>(ctx->saved_data["producer"].toInt());
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &pre = saved[0], &weight = saved[1], &bias = saved[2], &w_amax = saved[3], &act_amax = saved[4];
-    variable_list result(5);  // pre, weight, bias, state_ptr, scope_fqn
+    variable_list result(6);  // pre, weight, bias, state_ptr, producer_ptr, scope_fqn
     if (!grads[0].defined()) return result;
     const int64_t n = weight.size(0), f = weight.size(1), m = grads[0].numel() / n, mp = padded(m);
     // A frozen weight (or bias) gets no gradient, and then the GELU output is not rebuilt for it.
@@ -427,6 +458,20 @@ struct Float8GeluLinearFn : public torch::autograd::Function<Float8GeluLinearFn>
     if (!want_pre && !want_w) return result;
     const Fp8Tensor gq = quantize_role(pad_rows(grads[0].reshape({m, n}), mp), Fp8Format::kE5m2, st.grad_output,
                                        st.config, want_pre, want_w);
+    if (producer != nullptr && producer->config.fused_gelu_casts && want_pre && want_w && mp == m &&
+        pre.is_contiguous()) {
+      // One pass from pre and d act: d pre in e5m2 with its column sums for fc1 (left in its pending_grad) and this
+      // GEMM's rebuilt input, transposed; no bf16 d pre or act in memory.
+      const QuantWeights wt = quantize_weights({weight}, w_amax, false, true);
+      const at::Tensor grad_act =
+          kernels::fp8_mm(gq.data, wt.data_t.t(), gq.inv_scale, wt.inv_scale, pre.scalar_type(), false);
+      const CastOutput act = gelu_backward_cast(grad_act, pre.reshape({m, f}), act_amax, *producer);
+      result[1] = kernels::fp8_mm(gq.data_t, act.data_t.t(), gq.inv_scale, act.inv_scale, grad_dtype(weight), false)
+                      .to(weight.scalar_type());
+      // fc1's backward reads pending_grad; autograd still needs a gradient of pre's shape.
+      result[0] = at::zeros({}, grads[0].options()).expand(pre.sizes());
+      return result;
+    }
     at::Tensor act;
     if (want_pre) {
       const QuantWeights wt = quantize_weights({weight}, w_amax, false, true);
@@ -524,7 +569,7 @@ torch::Tensor float8_geglu_linear(const torch::Tensor& merged, const torch::Tens
 }
 
 torch::Tensor float8_gelu_linear(const torch::Tensor& pre, const torch::Tensor& weight, const torch::Tensor& bias,
-                                 Float8State& state, const std::string& scope_fqn) {
+                                 Float8State& state, const std::string& scope_fqn, Float8State* producer) {
   if (!pre.defined() || pre.dim() < 1 || !at::isFloatingType(pre.scalar_type()))
     throw std::invalid_argument("float8_gelu_linear: pre must be a floating tensor [..., F]");
   check_weight(weight, pre.size(-1));
@@ -532,7 +577,7 @@ torch::Tensor float8_gelu_linear(const torch::Tensor& pre, const torch::Tensor& 
     throw std::invalid_argument("float8_gelu_linear: bias of shape " + c10::str(bias.sizes()) + " for " +
                                 std::to_string(weight.size(0)) + " outputs");
   return Float8GeluLinearFn::apply(pre, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt,
-                                   reinterpret_cast<int64_t>(&state), scope_fqn);
+                                   reinterpret_cast<int64_t>(&state), reinterpret_cast<int64_t>(producer), scope_fqn);
 }
 
 }  // namespace vlatune::model

@@ -35,6 +35,10 @@ struct Fp8Config {
   // the backward d merged for the gate+up GEMM plus down_proj's rebuilt input, with no bf16 copy in between. The
   // bytes equal the unfused sequence's (tested); off: that sequence.
   bool fused_geglu_casts = true;
+  // The same for SigLIP's GELU backward between two FP8 Linears (float8_gelu_linear's `producer`): fc1's output
+  // gradient cast to FP8 and fc2's input rebuilt in one pass. The casts' bytes equal the unfused sequence's (tested);
+  // fc1's bias gradient sums the same values in another order. Off: that sequence.
+  bool fused_gelu_casts = true;
   // A GeGLU down projection keeps its input (the gate+up output) for the backward in e4m3 blocks
   // (kernels::GegluBlocks: half the bytes; recipe fp8.saved_geglu_inputs "e4m3-blocks") instead of bf16, where F
   // is a multiple of 64 and the rows of 16 (else bf16). Its GeGLU gradient reads the dequantized values.
@@ -47,17 +51,20 @@ struct Fp8AmaxHistory {
   int64_t uses = 0;
 };
 
-// An output gradient already cast to FP8 (e5m2) by the consumer's backward: row-major, transposed, 1 / scale.
+// An output gradient already cast to FP8 (e5m2) by the consumer's backward: row-major, transposed, 1 / scale, and
+// (from the GELU backward) its column sums, the producer's bias gradient.
 struct Fp8Gradient {
   torch::Tensor data, data_t, inv_scale;
+  torch::Tensor bias_grad;  // [N] or undefined
 };
 
 // The state of one FP8 GEMM: a Linear, or a merged GEMM (QKV, gate+up; the state of its first FP8 member).
 struct Float8State {
   Fp8Config config;
   Fp8AmaxHistory input, grad_output;
-  // Left by the FP8 GeGLU backward for the gate+up GEMM that produced `merged` (cast with this state's grad_output
-  // scaling); that GEMM's backward takes it instead of casting the placeholder gradient autograd hands it.
+  // Left by the FP8 GeGLU (GELU) backward for the GEMM that produced its input, the gate+up GEMM (SigLIP's fc1), cast
+  // with this state's grad_output scaling; that GEMM's backward takes it instead of casting the placeholder gradient
+  // autograd hands it.
   std::optional<Fp8Gradient> pending_grad;
   int64_t pending_grads_taken = 0;  // backward passes that used one (a count for tests and logs)
 };
@@ -87,8 +94,12 @@ torch::Tensor float8_geglu_linear(const torch::Tensor& merged, const torch::Tens
 // only, as the bf16 node does; the backward rebuilds the GELU output (kernels::gelu_backward_rebuild) and casts it
 // transposed with the forward's scale for the weight gradient. scope_fqn: the cast's and GEMM's profiler scope. Throws
 // std::invalid_argument for a weight that is not [out, F] with F and out multiples of 16, or a bias that is not [out].
+// With `producer` (the FP8 state of the Linear whose output `pre` is, through float8_linear, with nothing else
+// reading pre's gradient) and config.fused_gelu_casts, the backward computes the GELU gradient, casts it to e5m2 for
+// that Linear (Float8State::pending_grad, with its column sums as the bias gradient) and casts the rebuilt GELU
+// output, in one pass (kernels::fp8_gelu_backward_quantize_into): no bf16 gradient or activation in memory.
 torch::Tensor float8_gelu_linear(const torch::Tensor& pre, const torch::Tensor& weight, const torch::Tensor& bias,
-                                 Float8State& state, const std::string& scope_fqn);
+                                 Float8State& state, const std::string& scope_fqn, Float8State* producer = nullptr);
 
 // Checks a Linear's shape for FP8: empty when fine, else the reason ("in_features 100 is not a multiple of 16").
 std::string float8_shape_problem(int64_t in_features, int64_t out_features);

@@ -54,8 +54,12 @@ torch::Tensor SiglipMLPImpl::forward(const torch::Tensor& x, bool fused) {
   if (profiler::scopes_enabled())
     profiler::note_gemm({&fc2->fqn()}, pre.numel() / pre.size(-1), fc2->weight.size(1), fc2->weight.size(0));
   // GELU kernel, then fc2 in its own scope; backward saves only `pre` (the GELU output is rebuilt). An FP8 fc2 has
-  // no adapter (Pi05Impl::set_fp8 refuses one).
-  if (fc2->fp8) return model::float8_gelu_linear(pre, fc2->weight, fc2->bias, *fc2->fp8, fc2->fqn());
+  // no adapter (Pi05Impl::set_fp8 refuses one). With fc1 in FP8 too (and pre's gradient going to it alone), fc2's
+  // backward casts that gradient for fc1's GEMMs itself.
+  if (fc2->fp8) {
+    Float8State* producer = fc1->fp8 && !fc1->has_lora() ? fc1->fp8.get() : nullptr;
+    return model::float8_gelu_linear(pre, fc2->weight, fc2->bias, *fc2->fp8, fc2->fqn(), producer);
+  }
   auto y = kernels::gelu_linear(pre, fc2->weight, fc2->bias, fc2->fqn());
   if (!fc2->has_lora()) return y;
   // The adapter's first GEMM reads gelu(pre) through the same node, so the GELU output is rebuilt for it too.

@@ -653,6 +653,159 @@ TEST_CASE("The CUDA FP8 GELU cast equals the GELU kernel then the cast kernel, b
   }
 }
 
+namespace {
+
+// The GELU backward cast's outputs for pre [rows, F] and grad [rows, F]: the fused entry, or the GELU backward, the
+// plain casts and bias_grad.
+k::Fp8GeluGradOutputs gelu_backward_cast(const torch::Tensor& grad, const torch::Tensor& pre, k::Fp8Format format,
+                                         const torch::Tensor& hist, int64_t skip, const torch::Tensor& act_amax,
+                                         bool fused) {
+  const auto opt = pre.options();
+  const auto f32o = opt.dtype(torch::kFloat32), g8 = opt.dtype(k::fp8_dtype(format));
+  const int64_t rows = pre.size(0), f = pre.size(1);
+  k::Fp8GeluGradOutputs o;
+  o.grad_pre.out = torch::empty({rows, f}, g8);
+  o.grad_pre.out_t = torch::empty({f, rows}, g8);
+  o.grad_pre.inv_scale = torch::empty({}, f32o);
+  o.grad_pre.amax_used = torch::empty({1}, f32o);
+  o.grad_pre.amax_out = torch::zeros({1}, f32o);
+  o.act_t = torch::empty({f, rows}, opt.dtype(torch::kFloat8_e4m3fn));
+  o.act_inv_scale = torch::empty({}, f32o);
+  o.bias_grad = torch::empty({f}, opt);
+  if (fused) {
+    k::fp8_gelu_backward_quantize_into(grad, pre, format, hist, skip, act_amax, o);
+    return o;
+  }
+  auto g = grad.clone();
+  const auto grad_pre = k::gelu_backward(g, pre);
+  k::fp8_quantize_into(grad_pre, format, hist, skip, o.grad_pre);
+  k::Fp8QuantOutputs a;
+  a.out_t = o.act_t;
+  a.inv_scale = o.act_inv_scale;
+  k::fp8_quantize_into(k::gelu(pre), k::Fp8Format::kE4m3, act_amax, -1, a);
+  o.bias_grad.copy_(k::bias_grad(grad_pre, pre.scalar_type()));
+  return o;
+}
+
+// Bytes and scales equal; the bias gradient equal on the CPU (both ATen's sum), within its rounding on the GPU
+// (the fused pass sums per 64-row tile, bias_grad per chunk of rows).
+void check_gelu_backward_casts_equal(const torch::Tensor& grad, const torch::Tensor& pre, k::Fp8Format format) {
+  const auto f32o = pre.options().dtype(torch::kFloat32);
+  auto amax = torch::zeros({1}, f32o), amax_ref = torch::zeros({1}, f32o);
+  k::fp8_gelu_backward_amax_into(grad, pre, amax);
+  auto g = grad.clone();
+  k::fp8_amax_into(k::gelu_backward(g, pre), amax_ref);
+  CHECK(amax.cpu().item<float>() == amax_ref.cpu().item<float>());
+  auto act_amax = torch::zeros({1}, f32o);
+  k::fp8_amax_into(k::gelu(pre), act_amax);
+  for (auto [hist, skip] : {std::pair<torch::Tensor, int64_t>{amax_ref, -1}, {f32({0.02f, 1e9f, 0.01f}), 1}}) {
+    const auto h = hist.to(pre.device());
+    const auto a = gelu_backward_cast(grad, pre, format, h, skip, act_amax, true);
+    const auto b = gelu_backward_cast(grad, pre, format, h, skip, act_amax, false);
+    check_same_bytes(a.grad_pre.out, b.grad_pre.out);
+    check_same_bytes(a.grad_pre.out_t, b.grad_pre.out_t);
+    check_same_bytes(a.act_t, b.act_t);
+    for (auto [x, y] : {std::pair{a.grad_pre.inv_scale, b.grad_pre.inv_scale},
+                        {a.grad_pre.amax_used, b.grad_pre.amax_used},
+                        {a.grad_pre.amax_out, b.grad_pre.amax_out},
+                        {a.act_inv_scale, b.act_inv_scale}})
+      CHECK(x.cpu().item<float>() == y.cpu().item<float>());
+    if (pre.is_cpu())
+      CHECK(torch::equal(a.bias_grad, b.bias_grad));
+    else
+      CHECK(rel_err(a.bias_grad.cpu().to(torch::kFloat32), b.bias_grad.cpu().to(torch::kFloat32)) <
+            (pre.scalar_type() == torch::kFloat32 ? 1e-5 : 4e-3));
+  }
+}
+
+// fc2(gelu(fc1(x))) with fc1 and fc2 in FP8, fc2's node casting fc1's gradient (`fused`: fc1's state as its
+// producer) or not, over three steps of one pair of states: every step's output and gradients (x, w1, b1, w2, b2).
+std::vector<std::vector<torch::Tensor>> fp8_mlp_steps(torch::Device dev, torch::Dtype dtype, m::Fp8Scaling scaling,
+                                                      bool fused, int64_t& taken) {
+  torch::manual_seed(41);
+  m::Float8State fc1, fc2;
+  fc1.config.scaling = fc2.config.scaling = scaling;
+  const auto opt = torch::TensorOptions().device(dev).dtype(dtype);
+  std::vector<std::vector<torch::Tensor>> steps;
+  for (int step = 0; step < 3; ++step) {
+    auto x = torch::randn({2, 64, 48}).to(opt).requires_grad_(true);
+    auto w1 = (torch::randn({144, 48}) / 4).to(opt).requires_grad_(true), b1 = torch::randn({144}).to(opt);
+    auto w2 = (torch::randn({32, 144}) / 8).to(opt).requires_grad_(true), b2 = torch::randn({32}).to(opt);
+    b1.requires_grad_(true);
+    b2.requires_grad_(true);
+    auto seed = torch::randn({2, 64, 32}).to(opt);
+    auto pre = m::float8_linear(x, {w1}, b1, fc1);
+    auto y = m::float8_gelu_linear(pre, w2, b2, fc2, "", fused ? &fc1 : nullptr);
+    y.backward(seed);
+    steps.push_back({y.detach(), x.grad(), w1.grad(), b1.grad(), w2.grad(), b2.grad()});
+  }
+  taken = fc1.pending_grads_taken;
+  CHECK_FALSE(fc1.pending_grad.has_value());
+  return steps;
+}
+
+void check_fp8_mlp_fusion(torch::Device dev, torch::Dtype dtype, m::Fp8Scaling scaling) {
+  int64_t taken_fused = 0, taken_unfused = 0;
+  const auto a = fp8_mlp_steps(dev, dtype, scaling, true, taken_fused);
+  const auto b = fp8_mlp_steps(dev, dtype, scaling, false, taken_unfused);
+  CHECK(taken_fused == 3);
+  CHECK(taken_unfused == 0);
+  for (size_t step = 0; step < a.size(); ++step)
+    for (size_t i = 0; i < a[step].size(); ++i) {
+      INFO("step " << step << " tensor " << i << " (y, x, w1, b1, w2, b2)");
+      if (i == 3 && !dev.is_cpu())  // fc1's bias gradient: the same values summed in another order
+        CHECK(rel_err(a[step][i].cpu().to(torch::kFloat32), b[step][i].cpu().to(torch::kFloat32)) <
+              (dtype == torch::kFloat32 ? 1e-5 : 4e-3));
+      else
+        CHECK(torch::equal(a[step][i], b[step][i]));
+    }
+}
+
+}  // namespace
+
+TEST_CASE("The FP8 GELU backward cast equals the GELU backward then the plain casts, and refuses bad input (CPU)",
+          "[fp8]") {
+  torch::manual_seed(43);
+  auto pre = torch::randn({48, 80}) * 3, grad = torch::randn({48, 80}) * 1e-2;
+  for (auto format : {k::Fp8Format::kE5m2, k::Fp8Format::kE4m3}) check_gelu_backward_casts_equal(grad, pre, format);
+  const auto hist = f32({1.0f}), act_amax = f32({2.0f});
+  auto o = gelu_backward_cast(grad, pre, k::Fp8Format::kE5m2, hist, -1, act_amax, false);
+  CHECK_THROWS_WITH(
+      k::fp8_gelu_backward_quantize_into(torch::randn({48, 64}), pre, k::Fp8Format::kE5m2, hist, -1, act_amax, o),
+      Catch::Contains("fp8_gelu_backward_quantize") && Catch::Contains("grad must be contiguous"));
+  CHECK_THROWS_WITH(k::fp8_gelu_backward_quantize_into(grad, pre, k::Fp8Format::kE5m2, hist, -1, torch::Tensor(), o),
+                    Catch::Contains("act_amax"));
+  o.bias_grad = torch::empty({64});
+  CHECK_THROWS_WITH(k::fp8_gelu_backward_quantize_into(grad, pre, k::Fp8Format::kE5m2, hist, -1, act_amax, o),
+                    Catch::Contains("bias_grad must be a contiguous [F] tensor"));
+  auto amax = torch::zeros({1});
+  CHECK_THROWS_WITH(k::fp8_gelu_backward_amax_into(grad, torch::randn({40, 80}), amax),
+                    Catch::Contains("multiples of 16"));
+}
+
+TEST_CASE("fc2's FP8 backward casting fc1's gradient equals fc1 casting it, and fc1 takes it (CPU)", "[fp8]") {
+  for (auto scaling : {m::Fp8Scaling::kCurrent, m::Fp8Scaling::kDelayed})
+    check_fp8_mlp_fusion(torch::kCPU, torch::kFloat32, scaling);
+}
+
+TEST_CASE("The CUDA FP8 GELU backward cast equals the GELU backward kernel then the cast kernel", "[.gpu][fp8]") {
+  REQUIRE(torch::cuda::is_available());
+  torch::manual_seed(47);
+  const auto dtype = GENERATE(torch::kBFloat16, torch::kFloat32);
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  // SigLIP's fc1 output at batch 32 (16,384 x 4,304: partial tiles at the right edge), rows that end mid-tile, and
+  // small shapes.
+  for (auto [rows, f] : {std::pair<int64_t, int64_t>{16, 16}, {48, 80}, {528, 2064}, {16384, 4304}}) {
+    INFO(rows << " x " << f << " " << c10::toString(dtype));
+    auto pre = (torch::randn({rows, f}, cuda) * 3).to(dtype);
+    auto grad = (torch::randn({rows, f}, cuda) * 1e-2).to(dtype);
+    pre[0][1] = 500.0f;  // an outlier
+    for (auto format : {k::Fp8Format::kE5m2, k::Fp8Format::kE4m3}) check_gelu_backward_casts_equal(grad, pre, format);
+  }
+  for (auto scaling : {m::Fp8Scaling::kCurrent, m::Fp8Scaling::kDelayed})
+    check_fp8_mlp_fusion(torch::kCUDA, dtype, scaling);
+}
+
 TEST_CASE("GeGLU inputs in e4m3 blocks: one scale per 64 elements of a row, read back within e4m3's rounding",
           "[fp8]") {
   const int64_t rows = 16, f = 64;
