@@ -292,6 +292,21 @@ void fp8_geglu_amax_into(const at::Tensor& merged, const at::Tensor& amax) {
 
 namespace {
 
+// A backward cast's rebuilt activation: act_t [F, rows] e4m3 and its inverse scale (either may be undefined), cast
+// with act_amax; x names the device.
+void check_rebuilt_act(const at::Tensor& act_t, const at::Tensor& act_inv_scale, const at::Tensor& act_amax,
+                       int64_t rows, int64_t f, const at::Tensor& x) {
+  if (act_t.defined() &&
+      (act_t.dim() != 2 || act_t.size(0) != f || act_t.size(1) != rows || act_t.scalar_type() != at::kFloat8_e4m3fn ||
+       act_t.stride(1) != 1 || act_t.device() != x.device()))
+    fail("act_t must be [F, rows] Float8_e4m3fn with a contiguous last dim", act_t);
+  if ((act_t.defined() || act_inv_scale.defined()) &&
+      (!act_amax.defined() || act_amax.numel() != 1 || act_amax.scalar_type() != at::kFloat ||
+       act_amax.device() != x.device()))
+    fail("act_amax must be one fp32 element on " + x.device().str(), act_amax);
+  check_fp32_scalar("act_inv_scale", act_inv_scale, x);
+}
+
 void check_grad(const at::Tensor& grad, const at::Tensor& merged, const char* op) {
   check_merged(merged, op);
   if (!grad.defined() || grad.dim() != 2 || !grad.is_contiguous() || grad.scalar_type() != merged.scalar_type() ||
@@ -351,16 +366,7 @@ void fp8_geglu_backward_quantize_into(const at::Tensor& grad, const at::Tensor& 
   const at::Tensor merged = backward_input(grad, merged_in, blocks, op, !kernel);
   const int64_t rows = grad.size(0), f = grad.size(1);
   check_cast_outputs(rows, 2 * f, grad, format, amax_in, o.grad_merged);
-  if (o.act_t.defined() &&
-      (o.act_t.dim() != 2 || o.act_t.size(0) != f || o.act_t.size(1) != rows ||
-       o.act_t.scalar_type() != at::kFloat8_e4m3fn || o.act_t.stride(1) != 1 || o.act_t.device() != grad.device()))
-    fail("act_t must be [F, rows] Float8_e4m3fn with a contiguous last dim", o.act_t);
-  if (o.act_t.defined() || o.act_inv_scale.defined()) {
-    if (!act_amax.defined() || act_amax.numel() != 1 || act_amax.scalar_type() != at::kFloat ||
-        act_amax.device() != grad.device())
-      fail("act_amax must be one fp32 element on " + grad.device().str(), act_amax);
-  }
-  check_fp32_scalar("act_inv_scale", o.act_inv_scale, grad);
+  check_rebuilt_act(o.act_t, o.act_inv_scale, act_amax, rows, f, grad);
   if (!kernel) {
     fp8_quantize_into_ref(geglu_backward(grad, merged), format, amax_in, amax_skip, o.grad_merged);
     if (o.act_t.defined() || o.act_inv_scale.defined()) {
@@ -432,16 +438,7 @@ void fp8_gelu_backward_quantize_into(const at::Tensor& grad, const at::Tensor& p
   check_gelu_grad(grad, pre, op);
   const int64_t rows = pre.size(0), f = pre.size(1);
   check_cast_outputs(rows, f, pre, format, amax_in, o.grad_pre);
-  if (o.act_t.defined() &&
-      (o.act_t.dim() != 2 || o.act_t.size(0) != f || o.act_t.size(1) != rows ||
-       o.act_t.scalar_type() != at::kFloat8_e4m3fn || o.act_t.stride(1) != 1 || o.act_t.device() != pre.device()))
-    fail("act_t must be [F, rows] Float8_e4m3fn with a contiguous last dim", o.act_t);
-  if (o.act_t.defined() || o.act_inv_scale.defined()) {
-    if (!act_amax.defined() || act_amax.numel() != 1 || act_amax.scalar_type() != at::kFloat ||
-        act_amax.device() != pre.device())
-      fail("act_amax must be one fp32 element on " + pre.device().str(), act_amax);
-  }
-  check_fp32_scalar("act_inv_scale", o.act_inv_scale, pre);
+  check_rebuilt_act(o.act_t, o.act_inv_scale, act_amax, rows, f, pre);
   if (o.bias_grad.defined() && (o.bias_grad.dim() != 1 || o.bias_grad.size(0) != f || !o.bias_grad.is_contiguous() ||
                                 o.bias_grad.scalar_type() != pre.scalar_type() || o.bias_grad.device() != pre.device()))
     fail("bias_grad must be a contiguous [F] tensor of pre's dtype on " + pre.device().str(), o.bias_grad);

@@ -846,6 +846,17 @@ void check_walk(int64_t rows, int64_t cols, const char* op) {
                                 " is more than 2^30 tiles of 64 x 64");
 }
 
+// The checks the backward casts share beyond check_quant: their input gradient, the rebuilt activation's transposed
+// output, and something to write.
+void check_backward_cast(const void* grad, const void* act_t, int64_t act_t_ld, const float* act_amax_in,
+                         const Fp8QuantParams& g, bool writes, const char* op) {
+  if (grad == nullptr || !aligned16(grad))
+    throw std::invalid_argument(std::string(op) + ": grad (16-byte aligned) is required");
+  if (act_t != nullptr && (act_amax_in == nullptr || !aligned16(act_t) || act_t_ld % 16 != 0 || act_t_ld < g.rows))
+    throw std::invalid_argument(std::string(op) + ": act_t needs act_amax_in and a 16-byte aligned layout");
+  if (!writes && g.amax_out == nullptr) throw std::invalid_argument(std::string(op) + ": nothing to write");
+}
+
 template <CastValue kValue>
 void launch_quant(const Fp8QuantParams& p, CUstream_st* stream, const char* op) {
   constexpr bool kGeglu = kValue == CastValue::kGeglu;
@@ -890,12 +901,7 @@ void launch_fp8_geglu_backward_quantize(const Fp8GegluBwdParams& p, CUstream_st*
   check_blocks(p.merged_blocks, p.merged_blocks_inv_scale, g.cols, op);
   if (g.out != nullptr && g.out_ld < 2 * g.cols)
     throw std::invalid_argument(std::string(op) + ": out holds [rows, 2F]: out_ld must be >= 2F");
-  if (p.grad == nullptr || !aligned16(p.grad))
-    throw std::invalid_argument(std::string(op) + ": grad (16-byte aligned) is required");
-  if (p.act_t != nullptr &&
-      (p.act_amax_in == nullptr || !aligned16(p.act_t) || p.act_t_ld % 16 != 0 || p.act_t_ld < g.rows))
-    throw std::invalid_argument(std::string(op) + ": act_t needs act_amax_in and a 16-byte aligned layout");
-  if (!writes && g.amax_out == nullptr) throw std::invalid_argument(std::string(op) + ": nothing to write");
+  check_backward_cast(p.grad, p.act_t, p.act_t_ld, p.act_amax_in, g, writes, op);
   NvtxRange range(op);
   if (g.dtype == ActDtype::kBf16) {
     launch_geglu_bwd_typed<__nv_bfloat16>(p, stream);
@@ -911,12 +917,7 @@ void launch_fp8_gelu_backward_quantize(const Fp8GeluBwdParams& p, CUstream_st* s
   check_walk(g.rows, g.cols, op);
   const bool writes = g.out != nullptr || g.out_t != nullptr || p.act_t != nullptr || p.bias_partials != nullptr;
   check_quant(g, op, writes);
-  if (p.grad == nullptr || !aligned16(p.grad))
-    throw std::invalid_argument(std::string(op) + ": grad (16-byte aligned) is required");
-  if (p.act_t != nullptr &&
-      (p.act_amax_in == nullptr || !aligned16(p.act_t) || p.act_t_ld % 16 != 0 || p.act_t_ld < g.rows))
-    throw std::invalid_argument(std::string(op) + ": act_t needs act_amax_in and a 16-byte aligned layout");
-  if (!writes && g.amax_out == nullptr) throw std::invalid_argument(std::string(op) + ": nothing to write");
+  check_backward_cast(p.grad, p.act_t, p.act_t_ld, p.act_amax_in, g, writes, op);
   NvtxRange range(op);
   if (g.dtype == ActDtype::kBf16) {
     launch_gelu_bwd_typed<__nv_bfloat16>(p, stream);
