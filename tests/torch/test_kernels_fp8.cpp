@@ -781,6 +781,19 @@ TEST_CASE("The FP8 GELU backward cast equals the GELU backward then the plain ca
   auto amax = torch::zeros({1});
   CHECK_THROWS_WITH(k::fp8_gelu_backward_amax_into(grad, torch::randn({40, 80}), amax),
                     Catch::Contains("multiples of 16"));
+#ifdef VLATUNE_HAVE_CUDA
+  // The raw launcher refuses, before touching memory, more tiles than its tile walk counts in int, and a call with
+  // nothing to write.
+  k::Fp8GeluBwdParams huge;
+  huge.grad_pre.rows = int64_t{1} << 32;
+  huge.grad_pre.cols = int64_t{1} << 16;
+  CHECK_THROWS_WITH(k::launch_fp8_gelu_backward_quantize(huge, nullptr),
+                    Catch::Contains("fp8_gelu_backward_quantize") && Catch::Contains("more than 2^30 tiles"));
+  k::Fp8GeluBwdParams idle;
+  idle.grad_pre.rows = idle.grad_pre.cols = 64;
+  idle.grad_pre.x = idle.grad = pre.data_ptr();  // never read: refused first
+  CHECK_THROWS_WITH(k::launch_fp8_gelu_backward_quantize(idle, nullptr), Catch::Contains("nothing to write"));
+#endif
 }
 
 TEST_CASE("fc2's FP8 backward casting fc1's gradient equals fc1 casting it, and fc1 takes it (CPU)", "[fp8]") {
