@@ -502,6 +502,10 @@ void log_plan_check(const Run& run, const formats::RunRecord& rec) {
   versus("plan: step time", formats::median(rec.step_ms), *predicted.step_ms, "ms");
   if (predicted.peak_gib && rec.peak_gib && *rec.peak_gib > 0)
     versus("; peak memory", *rec.peak_gib, *predicted.peak_gib, "GiB");
+  // The planner prices the profiled prompts; trimming makes shorter ones cheaper than that.
+  if (recipe.data.trim_text)
+    log << " (data.trim_text: steps whose prompts are shorter than the profiled ones run faster and lighter than "
+           "predicted)";
   log << "\n";
 }
 

@@ -232,6 +232,16 @@ TEST_CASE("Flag overrides are written into the run's recipe.json and its recipe_
   CHECK_THAT(planned_log.str(), Catch::Contains("plan: step time measured ") &&
                                     Catch::Contains(", predicted 0.00 ms (the prediction is") &&
                                     Catch::Contains("% below the measurement)"));
+  // Trimmed prompts (the default) are cheaper than the profiled ones: the check says so; untrimmed, it does not.
+  CHECK_THAT(planned_log.str(), Catch::Contains("(data.trim_text: steps whose prompts are shorter"));
+  const std::string untrimmed = base + "/planned_untrimmed.json";
+  write_text(untrimmed, R"({"schema": "vlatune.recipe/1", "batch": {"micro_batch": 2}, "data": {"trim_text": false},
+    "predicted": {"step_ms": 0.001, "peak_gib": 1.0}})");
+  o = tiny_options(base + "/as-planned-untrimmed", 2);
+  o.recipe_path = untrimmed;
+  std::ostringstream untrimmed_log;
+  vlatune::trainer::run_training(o, untrimmed_log);
+  CHECK_THAT(untrimmed_log.str(), Catch::Contains("plan: step time measured ") && !Catch::Contains("data.trim_text"));
   o = tiny_options(base + "/overridden", 2);
   o.recipe_path = planned;
   o.batch = 3;
