@@ -132,6 +132,16 @@ Float8State& state_of(AutogradContext* ctx) {
   return *reinterpret_cast<Float8State*>(ctx->saved_data["state"].toInt());
 }
 
+// The state of the GEMM whose output gradient a node's backward casts (its pending_grad), or 0: remembered by the
+// forward, which drops a pending gradient an earlier graph left unused.
+void remember_producer(AutogradContext* ctx, int64_t producer_ptr) {
+  ctx->saved_data["producer"] = producer_ptr;
+  if (producer_ptr != 0) reinterpret_cast<Float8State*>(producer_ptr)->pending_grad.reset();
+}
+Float8State* producer_of(AutogradContext* ctx) {
+  return reinterpret_cast<Float8State*>(ctx->saved_data["producer"].toInt());
+}
+
 // args = [x, w_0 .. w_{n-1}] and, with `with_bias`, the members' biases concatenated last (added in the GEMM's
 // epilogue). Returns {y}; with `expose`, {y, x_q^T, x's inverse scale, the weights' amax} (the saved tensors a
 // MergedRebuild reads; not differentiable).
@@ -345,15 +355,14 @@ struct Float8GegluLinearFn : public torch::autograd::Function<Float8GegluLinearF
     std::vector<int64_t> shape = merged.sizes().vec();
     shape.back() = y.size(1);
     ctx->saved_data["state"] = state_ptr;
-    ctx->saved_data["producer"] = producer_ptr;
     ctx->saved_data["merged_sizes"] = merged.sizes().vec();
-    if (producer_ptr != 0) reinterpret_cast<Float8State*>(producer_ptr)->pending_grad.reset();  // a stale one
+    remember_producer(ctx, producer_ptr);
     return y.reshape(shape);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     Float8State& st = state_of(ctx);
-    auto* producer = reinterpret_cast<Float8State*>(ctx->saved_data["producer"].toInt());
+    Float8State* producer = producer_of(ctx);
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &weight = saved[1], &w_amax = saved[2], &act_amax = saved[3];
     const kernels::GegluBlocks blocks{saved[4], saved[5]};
@@ -439,14 +448,13 @@ struct Float8GeluLinearFn : public torch::autograd::Function<Float8GeluLinearFn>
     std::vector<int64_t> shape = pre.sizes().vec();
     shape.back() = y.size(1);
     ctx->saved_data["state"] = state_ptr;
-    ctx->saved_data["producer"] = producer_ptr;
-    if (producer_ptr != 0) reinterpret_cast<Float8State*>(producer_ptr)->pending_grad.reset();  // a stale one
+    remember_producer(ctx, producer_ptr);
     return y.reshape(shape);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     Float8State& st = state_of(ctx);
-    auto* producer = reinterpret_cast<Float8State*>(ctx->saved_data["producer"].toInt());
+    Float8State* producer = producer_of(ctx);
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &pre = saved[0], &weight = saved[1], &bias = saved[2], &w_amax = saved[3], &act_amax = saved[4];
     variable_list result(6);  // pre, weight, bias, state_ptr, producer_ptr, scope_fqn
