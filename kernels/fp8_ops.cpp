@@ -307,6 +307,28 @@ void check_rebuilt_act(const at::Tensor& act_t, const at::Tensor& act_inv_scale,
   check_fp32_scalar("act_inv_scale", act_inv_scale, x);
 }
 
+// The reference of that activation's outputs: act() [rows, F] cast transposed to e4m3 with act_amax, computed only
+// when an output is wanted.
+template <typename Act>
+void rebuilt_act_ref(const at::Tensor& act_t, const at::Tensor& act_inv_scale, const at::Tensor& act_amax,
+                     const Act& act) {
+  if (!act_t.defined() && !act_inv_scale.defined()) return;
+  Fp8QuantOutputs a;
+  a.out_t = act_t;
+  a.inv_scale = act_inv_scale;
+  fp8_quantize_into_ref(act(), Fp8Format::kE4m3, act_amax.reshape({1}), -1, a);
+}
+
+#ifdef VLATUNE_HAVE_CUDA
+// The same outputs as a backward cast kernel's params (Fp8GegluBwdParams, Fp8GeluBwdParams).
+template <typename Params>
+void fill_rebuilt_act(Params& p, const at::Tensor& act_t, const at::Tensor& act_inv_scale, const at::Tensor& act_amax) {
+  if (act_t.defined()) p.act_t = act_t.data_ptr(), p.act_t_ld = act_t.stride(0);
+  if (act_amax.defined()) p.act_amax_in = act_amax.const_data_ptr<float>();
+  p.act_inv_scale_out = act_inv_scale.defined() ? act_inv_scale.data_ptr<float>() : nullptr;
+}
+#endif
+
 void check_grad(const at::Tensor& grad, const at::Tensor& merged, const char* op) {
   check_merged(merged, op);
   if (!grad.defined() || grad.dim() != 2 || !grad.is_contiguous() || grad.scalar_type() != merged.scalar_type() ||
@@ -369,21 +391,14 @@ void fp8_geglu_backward_quantize_into(const at::Tensor& grad, const at::Tensor& 
   check_rebuilt_act(o.act_t, o.act_inv_scale, act_amax, rows, f, grad);
   if (!kernel) {
     fp8_quantize_into_ref(geglu_backward(grad, merged), format, amax_in, amax_skip, o.grad_merged);
-    if (o.act_t.defined() || o.act_inv_scale.defined()) {
-      Fp8QuantOutputs a;
-      a.out_t = o.act_t;
-      a.inv_scale = o.act_inv_scale;
-      fp8_quantize_into_ref(geglu(merged), Fp8Format::kE4m3, act_amax.reshape({1}), -1, a);
-    }
+    rebuilt_act_ref(o.act_t, o.act_inv_scale, act_amax, [&] { return geglu(merged); });
     return;
   }
 #ifdef VLATUNE_HAVE_CUDA
   const c10::cuda::CUDAGuard guard(grad.device());
   Fp8GegluBwdParams p = geglu_bwd_params(grad, merged, blocks, format);
   fill_history_and_outputs(p.grad_merged, amax_in, amax_skip, o.grad_merged);
-  if (o.act_t.defined()) p.act_t = o.act_t.data_ptr(), p.act_t_ld = o.act_t.stride(0);
-  if (act_amax.defined()) p.act_amax_in = act_amax.const_data_ptr<float>();
-  p.act_inv_scale_out = o.act_inv_scale.defined() ? o.act_inv_scale.data_ptr<float>() : nullptr;
+  fill_rebuilt_act(p, o.act_t, o.act_inv_scale, act_amax);
   launch_fp8_geglu_backward_quantize(p, stream_of(grad));
 #endif
 }
@@ -445,12 +460,7 @@ void fp8_gelu_backward_quantize_into(const at::Tensor& grad, const at::Tensor& p
   if (!(cast_kernel_applies(pre) && cast_kernel_applies(grad))) {
     const at::Tensor grad_pre = gelu_grad_values(grad, pre);
     fp8_quantize_into_ref(grad_pre, format, amax_in, amax_skip, o.grad_pre);
-    if (o.act_t.defined() || o.act_inv_scale.defined()) {
-      Fp8QuantOutputs a;
-      a.out_t = o.act_t;
-      a.inv_scale = o.act_inv_scale;
-      fp8_quantize_into_ref(kernels::gelu(pre), Fp8Format::kE4m3, act_amax.reshape({1}), -1, a);
-    }
+    rebuilt_act_ref(o.act_t, o.act_inv_scale, act_amax, [&] { return kernels::gelu(pre); });
     if (o.bias_grad.defined()) o.bias_grad.copy_(kernels::bias_grad(grad_pre, pre.scalar_type()));
     return;
   }
@@ -458,9 +468,7 @@ void fp8_gelu_backward_quantize_into(const at::Tensor& grad, const at::Tensor& p
   const c10::cuda::CUDAGuard guard(pre.device());
   Fp8GeluBwdParams p = gelu_bwd_params(grad, pre, format);
   fill_history_and_outputs(p.grad_pre, amax_in, amax_skip, o.grad_pre);
-  if (o.act_t.defined()) p.act_t = o.act_t.data_ptr(), p.act_t_ld = o.act_t.stride(0);
-  if (act_amax.defined()) p.act_amax_in = act_amax.const_data_ptr<float>();
-  p.act_inv_scale_out = o.act_inv_scale.defined() ? o.act_inv_scale.data_ptr<float>() : nullptr;
+  fill_rebuilt_act(p, o.act_t, o.act_inv_scale, act_amax);
   at::Tensor partials;
   if (o.bias_grad.defined()) {
     const int64_t partial_rows = (rows + kGeluBwdPartialRows - 1) / kGeluBwdPartialRows;
