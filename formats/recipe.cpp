@@ -209,6 +209,9 @@ const char* to_string(Fp8Scaling v) {
 const char* to_string(SavedGegluInputs v) {
   return v == SavedGegluInputs::kBf16 ? "bf16" : "e4m3-blocks";
 }
+const char* to_string(Fp8GemmAlgorithm v) {
+  return v == Fp8GemmAlgorithm::kHeuristic ? "heuristic" : "timed";
+}
 const char* to_string(ReduceDtype v) {
   return v == ReduceDtype::kBf16 ? "bf16" : "fp32";
 }
@@ -231,11 +234,11 @@ bool operator==(const Recipe& a, const Recipe& b) {
     return std::tie(r.schema, r.model, r.batch.micro_batch, r.batch.grad_accum, r.data.num_images, r.data.trim_text,
                     r.data.trim_multiple, r.model_options.skip_dead, r.model_options.attention,
                     r.model_options.attention_backend, r.model_options.precision, r.model_options.cuda_graph_step,
-                    r.recompute.modules, r.fp8.scaling, r.fp8.modules, r.fp8.saved_geglu_inputs, r.freeze.presets,
-                    r.freeze.modules, r.lora.preset, r.optimizer.state_dtype, r.distributed.world_size,
-                    r.distributed.reduce_dtype, r.distributed.shard_optimizer_state, r.tuned_on.gpu, r.tuned_on.torch,
-                    r.tuned_on.profile, r.predicted.step_ms, r.predicted.peak_gib, r.predicted.samples_per_s,
-                    r.rationale);
+                    r.recompute.modules, r.fp8.scaling, r.fp8.modules, r.fp8.saved_geglu_inputs, r.fp8.gemm_algorithm,
+                    r.freeze.presets, r.freeze.modules, r.lora.preset, r.optimizer.state_dtype,
+                    r.distributed.world_size, r.distributed.reduce_dtype, r.distributed.shard_optimizer_state,
+                    r.tuned_on.gpu, r.tuned_on.torch, r.tuned_on.profile, r.predicted.step_ms, r.predicted.peak_gib,
+                    r.predicted.samples_per_s, r.rationale);
   };
   if (key(a) != key(b) || a.groups.size() != b.groups.size() || a.lora.targets.size() != b.lora.targets.size())
     return false;
@@ -273,7 +276,7 @@ Recipe parse_recipe(const nlohmann::json& j, const std::string& file) {
     if (auto m = v->find("modules")) r.recompute.modules = parse_patterns(*m);
   }
   if (auto v = root.find("fp8")) {
-    v->expect_object({"scaling", "modules", "saved_geglu_inputs"});
+    v->expect_object({"scaling", "modules", "saved_geglu_inputs", "gemm_algorithm"});
     if (auto s = v->find("scaling"))
       r.fp8.scaling =
           s->get_enum({"tensorwise", "delayed"}) == "delayed" ? Fp8Scaling::kDelayed : Fp8Scaling::kTensorwise;
@@ -281,6 +284,9 @@ Recipe parse_recipe(const nlohmann::json& j, const std::string& file) {
     if (auto g = v->find("saved_geglu_inputs"))
       r.fp8.saved_geglu_inputs = g->get_enum({"bf16", "e4m3-blocks"}) == "e4m3-blocks" ? SavedGegluInputs::kE4m3Blocks
                                                                                        : SavedGegluInputs::kBf16;
+    if (auto g = v->find("gemm_algorithm"))
+      r.fp8.gemm_algorithm =
+          g->get_enum({"heuristic", "timed"}) == "timed" ? Fp8GemmAlgorithm::kTimed : Fp8GemmAlgorithm::kHeuristic;
   }
   if (auto v = root.find("freeze")) parse_freeze(*v, r.freeze);
   if (auto v = root.find("lora")) parse_lora(*v, r.lora);
@@ -368,6 +374,8 @@ nlohmann::json recipe_to_json(const Recipe& r) {
   if (r.distributed.shard_optimizer_state) out["distributed"]["shard_optimizer_state"] = true;
   if (r.fp8.saved_geglu_inputs != SavedGegluInputs::kBf16)
     out["fp8"]["saved_geglu_inputs"] = to_string(r.fp8.saved_geglu_inputs);
+  if (r.fp8.gemm_algorithm != Fp8GemmAlgorithm::kHeuristic)
+    out["fp8"]["gemm_algorithm"] = to_string(r.fp8.gemm_algorithm);
   if (!is_default(r.freeze)) out["freeze"] = freeze_json(r.freeze);
   if (!is_default(r.lora)) out["lora"] = lora_json(r.lora);
   return out;
@@ -479,6 +487,8 @@ std::vector<std::string> recipe_differences(const Recipe& a, const Recipe& b) {
   jb["distributed"]["shard_optimizer_state"] = b.distributed.shard_optimizer_state;
   ja["fp8"]["saved_geglu_inputs"] = to_string(a.fp8.saved_geglu_inputs);  // written only when not bf16
   jb["fp8"]["saved_geglu_inputs"] = to_string(b.fp8.saved_geglu_inputs);
+  ja["fp8"]["gemm_algorithm"] = to_string(a.fp8.gemm_algorithm);  // written only when not heuristic
+  jb["fp8"]["gemm_algorithm"] = to_string(b.fp8.gemm_algorithm);
   // freeze and lora are written only when set; compare their full forms when either side has one.
   const Recipe ca = canonical_selection(a), cb = canonical_selection(b);
   if (ja.contains("freeze") || jb.contains("freeze")) {

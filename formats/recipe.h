@@ -36,6 +36,10 @@ enum class Fp8Scaling { kTensorwise, kDelayed };  // "tensorwise" | "delayed"
 // or "e4m3-blocks": e4m3 with one scale per 64 consecutive elements of a row, half the bytes (the GeGLU gradient
 // then reads the dequantized values, as DeepSeek-V3 caches its SwiGLU inputs). The forward is unchanged.
 enum class SavedGegluInputs { kBf16, kE4m3Blocks };  // "bf16" | "e4m3-blocks"
+// Which cuBLASLt algorithm each FP8 GEMM runs: "heuristic" = the heuristic's first choice (what at::_scaled_mm runs);
+// "timed" = the fastest of the heuristic's first candidates, timed once per GEMM problem on its first call. Different
+// algorithms may round differently, and timing noise can pick differently between runs.
+enum class Fp8GemmAlgorithm { kHeuristic, kTimed };  // "heuristic" | "timed"
 enum class ReduceDtype { kBf16, kFp32 };             // "bf16" | "fp32"
 // How AdamW's moments are stored: "auto" = the dtype `precision` gives; "int8-blockwise" = 8-bit codes with an
 // fp32 absmax per 256 values (kernels/adamw.h).
@@ -56,6 +60,7 @@ const char* to_string(AttentionBackend v);
 const char* to_string(Precision v);
 const char* to_string(Fp8Scaling v);
 const char* to_string(SavedGegluInputs v);
+const char* to_string(Fp8GemmAlgorithm v);
 const char* to_string(ReduceDtype v);
 const char* to_string(StateDtype v);
 const char* to_string(FreezePreset v);
@@ -96,8 +101,9 @@ struct Recipe {
   };
   struct Fp8 {
     Fp8Scaling scaling = Fp8Scaling::kTensorwise;
-    std::vector<std::string> modules;                               // FQN patterns of Linear modules
-    SavedGegluInputs saved_geglu_inputs = SavedGegluInputs::kBf16;  // written to JSON only when not bf16
+    std::vector<std::string> modules;                                // FQN patterns of Linear modules
+    SavedGegluInputs saved_geglu_inputs = SavedGegluInputs::kBf16;   // written to JSON only when not bf16
+    Fp8GemmAlgorithm gemm_algorithm = Fp8GemmAlgorithm::kHeuristic;  // written to JSON only when not heuristic
   };
   // Parameters of these modules get no gradient and no optimizer state (the union of the presets and the patterns).
   struct Freeze {

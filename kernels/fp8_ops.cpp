@@ -1,8 +1,11 @@
 // Fused FP8 quantization: checks, dispatch by device (fp8_quant.cu on CUDA, the ATen reference elsewhere) and the
-// FP8 GEMM (at::_scaled_mm; a dequantize-and-multiply emulation on the CPU). Contract: fp8_ops.h, fp8.h.
+// FP8 GEMM (at::_scaled_mm, or cuBLASLt directly with timed algorithms; a dequantize-and-multiply emulation on the
+// CPU). Contract: fp8_ops.h, fp8.h.
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 
@@ -12,8 +15,20 @@
 #include "kernels/op_support.h"
 
 #ifdef VLATUNE_HAVE_CUDA
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "kernels/cuda_check.h"
 #endif
 
 namespace vlatune::kernels {
@@ -519,21 +534,223 @@ Fp8Tensor fp8_quantize(const at::Tensor& x_in, Fp8Format format, bool row_major,
   return t;
 }
 
+#ifdef VLATUNE_HAVE_CUDA
+namespace {
+
+cudaDataType_t lt_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat8_e4m3fn:
+      return CUDA_R_8F_E4M3;
+    case at::kFloat8_e5m2:
+      return CUDA_R_8F_E5M2;
+    case at::kBFloat16:
+      return CUDA_R_16BF;
+    default:
+      return CUDA_R_32F;
+  }
+}
+const char* lt_name(at::ScalarType t) {
+  return t == at::kFloat8_e4m3fn ? "e4m3" : t == at::kFloat8_e5m2 ? "e5m2" : t == at::kBFloat16 ? "bf16" : "fp32";
+}
+
+// The cuBLASLt descriptors of one FP8 GEMM in cuBLAS's column-major terms, D [m x n] = A^T B with A stored [k x m]
+// (lda) and B [k x n] (ldb), the only FP8 layout Hopper's kernels take; destroyed with the object.
+struct LtGemm {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  LtGemm() = default;
+  LtGemm(const LtGemm&) = delete;
+  LtGemm& operator=(const LtGemm&) = delete;
+  ~LtGemm() {
+    if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
+    if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
+    if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
+    if (d != nullptr) cublasLtMatrixLayoutDestroy(d);
+  }
+  bool create(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, at::ScalarType ta, at::ScalarType tb,
+              at::ScalarType td, bool fast_accum, const void* bias, const float* a_scale, const float* b_scale) {
+    const cublasOperation_t op_a = CUBLAS_OP_T, op_b = CUBLAS_OP_N;
+    const int8_t fast = fast_accum ? 1 : 0;
+    bool ok = cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+              set(CUBLASLT_MATMUL_DESC_TRANSA, op_a) && set(CUBLASLT_MATMUL_DESC_TRANSB, op_b) &&
+              set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast) && set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a_scale) &&
+              set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b_scale);
+    if (ok && bias != nullptr) {
+      const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      const cudaDataType_t bias_type = CUDA_R_16BF;
+      ok = set(CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue) && set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type) &&
+           set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+    }
+    return ok && cublasLtMatrixLayoutCreate(&a, lt_dtype(ta), k, m, lda) == CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatrixLayoutCreate(&b, lt_dtype(tb), k, n, ldb) == CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatrixLayoutCreate(&d, lt_dtype(td), m, n, m) == CUBLAS_STATUS_SUCCESS;
+  }
+  template <typename V>
+  bool set(cublasLtMatmulDescAttributes_t attribute, const V& value) {
+    return cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof(value)) == CUBLAS_STATUS_SUCCESS;
+  }
+};
+
+struct TimedChoice {
+  Fp8TimedGemm record;
+  cublasLtMatmulAlgo_t algo{};
+};
+struct TimedGemms {
+  std::mutex mutex;
+  std::map<std::string, size_t> by_key;  // the problem and its device -> choices index
+  std::vector<TimedChoice> choices;
+};
+TimedGemms& timed_gemms_state() {
+  static TimedGemms state;
+  return state;
+}
+
+constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
+
+// The median of three runs after one warm-up, on the stream; +inf when cuBLASLt refuses the candidate.
+float time_candidate(const std::function<cublasStatus_t()>& run, cudaStream_t stream) {
+  if (run() != CUBLAS_STATUS_SUCCESS) return std::numeric_limits<float>::infinity();
+  cudaEvent_t start = nullptr, stop = nullptr;
+  VLATUNE_CUDA_CHECK(cudaEventCreate(&start));
+  VLATUNE_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> ms;
+  for (int r = 0; r < 3; ++r) {
+    VLATUNE_CUDA_CHECK(cudaEventRecord(start, stream));
+    const cublasStatus_t status = run();
+    VLATUNE_CUDA_CHECK(cudaEventRecord(stop, stream));
+    VLATUNE_CUDA_CHECK(cudaEventSynchronize(stop));
+    float t = 0;
+    VLATUNE_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(status == CUBLAS_STATUS_SUCCESS ? t : std::numeric_limits<float>::infinity());
+  }
+  VLATUNE_CUDA_CHECK(cudaEventDestroy(start));
+  VLATUNE_CUDA_CHECK(cudaEventDestroy(stop));
+  std::sort(ms.begin(), ms.end());
+  return ms[1];
+}
+
+// fp8_mm's kTimed path: a [m, k] row-major, b [k, n] column-major -> [m, n] row-major, or an undefined tensor where
+// it does not apply (the caller runs at::_scaled_mm). In cuBLAS's terms D [n x m] = b^T a: A = b, B = a.
+at::Tensor timed_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& inv_a, const at::Tensor& inv_b,
+                           at::ScalarType out_dtype, bool fast_accum, const at::Tensor& bias_bf16) {
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  if (a.stride(1) != 1 || b.stride(0) != 1 || a.stride(0) < k || b.stride(1) < k ||
+      (out_dtype != at::kBFloat16 && out_dtype != at::kFloat) || !inv_a.is_contiguous() || !inv_b.is_contiguous())
+    return {};
+  const int64_t lda = b.stride(1), ldb = a.stride(0);
+  const c10::cuda::CUDAGuard guard(a.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.get_device()).stream();
+  LtGemm gemm;
+  if (!gemm.create(n, m, k, lda, ldb, b.scalar_type(), a.scalar_type(), out_dtype, fast_accum,
+                   bias_bf16.defined() ? bias_bf16.data_ptr() : nullptr, inv_b.data_ptr<float>(),
+                   inv_a.data_ptr<float>()))
+    return {};
+  at::Tensor y = at::empty({m, n}, a.options().dtype(out_dtype));
+  at::Tensor workspace = at::empty({static_cast<int64_t>(kLtWorkspaceBytes)}, a.options().dtype(at::kByte));
+  cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
+  const float one = 1.f, zero = 0.f;
+  const auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(handle, gemm.desc, &one, b.data_ptr(), gemm.a, a.data_ptr(), gemm.b, &zero, y.data_ptr(),
+                          gemm.d, y.data_ptr(), gemm.d, &algo, workspace.data_ptr(), kLtWorkspaceBytes, stream);
+  };
+  const std::string problem =
+      "m=" + std::to_string(n) + " n=" + std::to_string(m) + " k=" + std::to_string(k) + " lda=" + std::to_string(lda) +
+      " ldb=" + std::to_string(ldb) + " " + lt_name(b.scalar_type()) + " x " + lt_name(a.scalar_type()) + " -> " +
+      lt_name(out_dtype) + (fast_accum ? " fast-accum" : "") + (bias_bf16.defined() ? " bias" : "");
+  TimedGemms& state = timed_gemms_state();
+  const std::lock_guard<std::mutex> lock(state.mutex);
+  const std::string key = problem + " cuda:" + std::to_string(a.get_device());
+  auto found = state.by_key.find(key);
+  if (found == state.by_key.end()) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    VLATUNE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    if (capture != cudaStreamCaptureStatusNone) return {};  // timing synchronizes: not inside a graph capture
+    TimedChoice choice;
+    choice.record.problem = problem;
+    cublasLtMatmulPreference_t preference = nullptr;
+    std::vector<cublasLtMatmulHeuristicResult_t> candidates(kFp8TimedCandidates);
+    int count = 0;
+    size_t workspace_bytes = kLtWorkspaceBytes;
+    if (cublasLtMatmulPreferenceCreate(&preference) == CUBLAS_STATUS_SUCCESS) {
+      if (cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                                               sizeof(workspace_bytes)) != CUBLAS_STATUS_SUCCESS ||
+          cublasLtMatmulAlgoGetHeuristic(handle, gemm.desc, gemm.a, gemm.b, gemm.d, gemm.d, preference,
+                                         kFp8TimedCandidates, candidates.data(), &count) != CUBLAS_STATUS_SUCCESS)
+        count = 0;
+      cublasLtMatmulPreferenceDestroy(preference);
+    }
+    for (int i = 0; i < count; ++i) {
+      const float ms = time_candidate([&] { return run(candidates[static_cast<size_t>(i)].algo); }, stream);
+      choice.record.candidate_ms.push_back(ms);
+      if (std::isfinite(ms) &&
+          (choice.record.chosen < 0 || ms < choice.record.candidate_ms[static_cast<size_t>(choice.record.chosen)])) {
+        choice.record.chosen = i;
+        choice.algo = candidates[static_cast<size_t>(i)].algo;
+      }
+    }
+    found = state.by_key.emplace(key, state.choices.size()).first;
+    state.choices.push_back(choice);
+  }
+  TimedChoice& choice = state.choices[found->second];
+  ++choice.record.calls;
+  if (choice.record.chosen < 0 || run(choice.algo) != CUBLAS_STATUS_SUCCESS) return {};
+  return y;
+}
+
+}  // namespace
+
+std::vector<Fp8TimedGemm> fp8_timed_gemms() {
+  TimedGemms& state = timed_gemms_state();
+  const std::lock_guard<std::mutex> lock(state.mutex);
+  std::vector<Fp8TimedGemm> out;
+  for (const TimedChoice& c : state.choices) out.push_back(c.record);
+  return out;
+}
+#else
+std::vector<Fp8TimedGemm> fp8_timed_gemms() {
+  return {};
+}
+#endif
+
+std::string describe_fp8_timed_gemms(const std::vector<Fp8TimedGemm>& timed, int64_t steps) {
+  if (timed.empty()) return {};
+  int64_t moved = 0;
+  double saved_ms = 0;
+  for (const Fp8TimedGemm& t : timed) {
+    if (t.chosen <= 0 || t.candidate_ms.empty()) continue;
+    ++moved;
+    saved_ms += (t.candidate_ms.front() - t.candidate_ms[static_cast<size_t>(t.chosen)]) * static_cast<double>(t.calls);
+  }
+  char saved[32];
+  std::snprintf(saved, sizeof saved, "%.2f", saved_ms / static_cast<double>(std::max<int64_t>(steps, 1)));
+  return "fp8.gemm_algorithm timed: " + std::to_string(timed.size()) + " FP8 GEMM problems, " + std::to_string(moved) +
+         " on another algorithm than cuBLASLt's first choice, about " + saved +
+         " ms less per step by their first-call timings";
+}
+
 at::Tensor fp8_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& inv_a, const at::Tensor& inv_b,
-                  at::ScalarType out_dtype, bool fast_accum, const at::Tensor& bias) {
+                  at::ScalarType out_dtype, bool fast_accum, const at::Tensor& bias, Fp8GemmAlgorithm algorithm) {
+  static_cast<void>(algorithm);  // CUDA builds only
   if (a.dim() != 2 || b.dim() != 2 || a.size(1) != b.size(0))
     throw std::invalid_argument("fp8_mm: expected a [m, k] and b [k, n], got " + describe(a) + " and " + describe(b));
   if (bias.defined() && (bias.dim() != 1 || bias.size(0) != b.size(1)))
     throw std::invalid_argument("fp8_mm: bias " + describe(bias) + " for " + describe(b));
   if (a.is_cuda()) {
     if (a.size(1) % 16 != 0 || b.size(1) % 16 != 0)
-      throw std::invalid_argument("fp8_mm: k and n must be multiples of 16 for at::_scaled_mm, got " + describe(a) +
-                                  " and " + describe(b));
+      throw std::invalid_argument("fp8_mm: k and n must be multiples of 16 for cuBLASLt's FP8 GEMMs, got " +
+                                  describe(a) + " and " + describe(b));
     // cuBLASLt's FP8 epilogue takes a bias for bf16 outputs only (a bf16 bias).
     const bool epilogue = bias.defined() && out_dtype == at::kBFloat16;
-    at::Tensor y = at::_scaled_mm(a, b, inv_a.reshape({}), inv_b.reshape({}),
-                                  epilogue ? std::optional<at::Tensor>(bias.to(at::kBFloat16)) : std::nullopt,
-                                  std::nullopt, out_dtype, fast_accum);
+    const at::Tensor bias_bf16 = epilogue ? bias.to(at::kBFloat16).contiguous() : at::Tensor();
+    at::Tensor y;
+#ifdef VLATUNE_HAVE_CUDA
+    if (algorithm == Fp8GemmAlgorithm::kTimed)
+      y = timed_scaled_mm(a, b, inv_a, inv_b, out_dtype, fast_accum, bias_bf16);
+#endif
+    if (!y.defined())
+      y = at::_scaled_mm(a, b, inv_a.reshape({}), inv_b.reshape({}),
+                         epilogue ? std::optional<at::Tensor>(bias_bf16) : std::nullopt, std::nullopt, out_dtype,
+                         fast_accum);
     if (bias.defined() && !epilogue) y.add_(bias.to(out_dtype));
     return y;
   }

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <string>
+#include <vector>
 
 #include "kernels/fp8.h"
 
@@ -113,12 +115,33 @@ struct Fp8Tensor {
 };
 Fp8Tensor fp8_quantize(const at::Tensor& x, Fp8Format format, bool row_major, bool transposed);
 
+// Which cuBLASLt algorithm an FP8 GEMM runs on CUDA (recipe fp8.gemm_algorithm). kHeuristic: the heuristic's first
+// choice, as at::_scaled_mm runs it. kTimed: the fastest of the heuristic's first kFp8TimedCandidates, each timed on
+// the GEMM problem's first call (shape, leading dimensions, dtypes, fast accumulation, bias) and kept for the
+// process; a problem whose first call comes during stream capture, or that cuBLASLt cannot run, takes at::_scaled_mm.
+enum class Fp8GemmAlgorithm { kHeuristic, kTimed };
+inline constexpr int kFp8TimedCandidates = 8;
+
 // a [m, k] row-major FP8, b [k, n] column-major FP8 (b.t() contiguous), inv_a / inv_b their dequantization scales
-// (one element fp32): (a * inv_a)(b * inv_b) (+ bias [n]) in `out_dtype`. at::_scaled_mm on CUDA (k, n multiples of
-// 16; a bias is added in its epilogue, before the one rounding, for a bf16 output, else by an add after it); on the
-// CPU the same product of the dequantized operands in fp32, bias added before the rounding (an emulation: the tests'
-// path).
+// (one element fp32): (a * inv_a)(b * inv_b) (+ bias [n]) in `out_dtype`. On CUDA through cuBLASLt (k, n multiples
+// of 16; a bias is added in its epilogue, before the one rounding, for a bf16 output, else by an add after it); on
+// the CPU the same product of the dequantized operands in fp32, bias added before the rounding (an emulation: the
+// tests' path; `algorithm` does not apply).
 at::Tensor fp8_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& inv_a, const at::Tensor& inv_b,
-                  at::ScalarType out_dtype, bool fast_accum, const at::Tensor& bias = {});
+                  at::ScalarType out_dtype, bool fast_accum, const at::Tensor& bias = {},
+                  Fp8GemmAlgorithm algorithm = Fp8GemmAlgorithm::kHeuristic);
+
+// What kTimed measured for one GEMM problem (cuBLAS's column-major terms: D [m x n] = A^T B, k deep).
+struct Fp8TimedGemm {
+  std::string problem;              // "m=2048 n=18432 k=16384 lda=16384 ldb=16384 e4m3 x e4m3 -> bf16 fast-accum"
+  std::vector<float> candidate_ms;  // per heuristic candidate, in its order; +inf: it failed to run
+  int chosen = -1;                  // index into candidate_ms; -1: none ran (at::_scaled_mm runs the problem)
+  int64_t calls = 0;                // calls so far, the timing call included
+};
+// Every problem kTimed has seen in this process, in first-call order.
+std::vector<Fp8TimedGemm> fp8_timed_gemms();
+// One line for a run's log: how many problems were timed, how many left the heuristic's first choice, and the time
+// that saves per step by the first-call timings (each problem's calls spread over `steps`). Empty without records.
+std::string describe_fp8_timed_gemms(const std::vector<Fp8TimedGemm>& timed, int64_t steps);
 
 }  // namespace vlatune::kernels

@@ -127,6 +127,12 @@ at::ScalarType grad_dtype(const at::Tensor& w) {
   return w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16 ? w.scalar_type() : at::kFloat;
 }
 
+// An FP8 GEMM (kernels::fp8_mm) with the state's cuBLASLt algorithm choice.
+at::Tensor fp8_gemm(const Float8State& st, const at::Tensor& a, const at::Tensor& b, const at::Tensor& inv_a,
+                    const at::Tensor& inv_b, at::ScalarType out_dtype, bool fast_accum, const at::Tensor& bias = {}) {
+  return kernels::fp8_mm(a, b, inv_a, inv_b, out_dtype, fast_accum, bias, st.config.gemm_algorithm);
+}
+
 Float8State& state_of(AutogradContext* ctx) {
   // The state belongs to a module of the model, which outlives every graph built from it.
   return *reinterpret_cast<Float8State*>(ctx->saved_data["state"].toInt());
@@ -156,7 +162,7 @@ struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
     const Fp8Tensor xq =
         quantize_role(pad_rows(x.reshape({m, k}), mp), Fp8Format::kE4m3, st.input, st.config, true, true);
     const QuantWeights wq = quantize_weights(weights, at::Tensor(), true, false);
-    at::Tensor y = kernels::fp8_mm(xq.data, wq.data.t(), xq.inv_scale, wq.inv_scale, x.scalar_type(), true, bias);
+    at::Tensor y = fp8_gemm(st, xq.data, wq.data.t(), xq.inv_scale, wq.inv_scale, x.scalar_type(), true, bias);
     if (mp != m) y = y.narrow(0, 0, m);
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = y.size(1);
@@ -209,15 +215,15 @@ struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
     }
     if (need_x) {
       const QuantWeights wt = quantize_weights(weights, w_amax, false, true);
-      at::Tensor dx = kernels::fp8_mm(gq.data, wt.data_t.t(), gq.inv_scale, wt.inv_scale, x_dtype, false);
+      at::Tensor dx = fp8_gemm(st, gq.data, wt.data_t.t(), gq.inv_scale, wt.inv_scale, x_dtype, false);
       result[0] = (mp != m ? dx.narrow(0, 0, m) : dx).reshape(x_sizes);
     }
     int64_t offset = 0;
     for (size_t i = 0; i < weights.size(); ++i) {
       const int64_t rows = weights[i].size(0);
       if (ctx->needs_input_grad(1 + i)) {
-        result[1 + i] = kernels::fp8_mm(gq.data_t.narrow(0, offset, rows), xq_t.t(), gq.inv_scale, x_inv,
-                                        grad_dtype(weights[i]), false)
+        result[1 + i] = fp8_gemm(st, gq.data_t.narrow(0, offset, rows), xq_t.t(), gq.inv_scale, x_inv,
+                                 grad_dtype(weights[i]), false)
                             .to(weights[i].scalar_type());
       }
       offset += rows;
@@ -340,7 +346,7 @@ struct Float8GegluLinearFn : public torch::autograd::Function<Float8GegluLinearF
       std::optional<profiler::Scope> scope;
       if (!scope_fqn.empty()) scope.emplace(scope_fqn);
       const QuantWeights wq = quantize_weights({weight}, at::Tensor(), true, false);
-      y = kernels::fp8_mm(aq.data, wq.data.t(), aq.inv_scale, wq.inv_scale, merged.scalar_type(), true);
+      y = fp8_gemm(st, aq.data, wq.data.t(), aq.inv_scale, wq.inv_scale, merged.scalar_type(), true);
       std::vector<at::Tensor> keep{rebuild || blocks.defined() ? at::Tensor() : merged,
                                    weight,
                                    wq.amax,
@@ -384,10 +390,10 @@ struct Float8GegluLinearFn : public torch::autograd::Function<Float8GegluLinearF
       // layouts) and this GEMM's rebuilt input, transposed; no bf16 d merged or act in memory.
       const QuantWeights wt = quantize_weights({weight}, w_amax, false, true);
       const at::Tensor grad_act =
-          kernels::fp8_mm(gq.data, wt.data_t.t(), gq.inv_scale, wt.inv_scale, grads[0].scalar_type(), false);
+          fp8_gemm(st, gq.data, wt.data_t.t(), gq.inv_scale, wt.inv_scale, grads[0].scalar_type(), false);
       const CastOutput act = geglu_backward_cast(grad_act, merged2, blocks, act_amax, *producer);
       if (ctx->needs_input_grad(1))  // a frozen down_proj gets no weight gradient
-        result[1] = kernels::fp8_mm(gq.data_t, act.data_t.t(), gq.inv_scale, act.inv_scale, grad_dtype(weight), false)
+        result[1] = fp8_gemm(st, gq.data_t, act.data_t.t(), gq.inv_scale, act.inv_scale, grad_dtype(weight), false)
                         .to(weight.scalar_type());
       // The gate+up GEMM's backward reads pending_grad; autograd still needs a gradient of merged's shape.
       result[0] = at::zeros({}, grads[0].options()).expand(merged_sizes);
@@ -400,12 +406,11 @@ struct Float8GegluLinearFn : public torch::autograd::Function<Float8GegluLinearF
     if (ctx->needs_input_grad(1)) {
       // The GeGLU output recomputed, cast transposed with the forward's scale; freed after the weight gradient.
       const CastOutput act = geglu_output_t(merged2, mp, act_amax);
-      result[1] = kernels::fp8_mm(gq.data_t, act.data_t.t(), gq.inv_scale, act.inv_scale, grad_dtype(weight), false)
+      result[1] = fp8_gemm(st, gq.data_t, act.data_t.t(), gq.inv_scale, act.inv_scale, grad_dtype(weight), false)
                       .to(weight.scalar_type());
     }
     const QuantWeights wt = quantize_weights({weight}, w_amax, false, true);
-    at::Tensor grad_act =
-        kernels::fp8_mm(gq.data, wt.data_t.t(), gq.inv_scale, wt.inv_scale, merged.scalar_type(), false);
+    at::Tensor grad_act = fp8_gemm(st, gq.data, wt.data_t.t(), gq.inv_scale, wt.inv_scale, merged.scalar_type(), false);
     if (mp != m) grad_act = grad_act.narrow(0, 0, m);
     std::vector<int64_t> act_shape = merged.sizes().vec();
     act_shape.back() = f;
@@ -441,7 +446,7 @@ struct Float8GeluLinearFn : public torch::autograd::Function<Float8GeluLinearFn>
                     })
               : quantize_role(pad_rows(kernels::gelu(pre2), mp), Fp8Format::kE4m3, st.input, st.config, true, false);
       const QuantWeights wq = quantize_weights({weight}, at::Tensor(), true, false);
-      y = kernels::fp8_mm(aq.data, wq.data.t(), aq.inv_scale, wq.inv_scale, pre.scalar_type(), true, bias);
+      y = fp8_gemm(st, aq.data, wq.data.t(), aq.inv_scale, wq.inv_scale, pre.scalar_type(), true, bias);
       ctx->save_for_backward({pre, weight, bias, wq.amax, aq.amax_used});
     }
     if (mp != m) y = y.narrow(0, 0, m);
@@ -472,9 +477,9 @@ struct Float8GeluLinearFn : public torch::autograd::Function<Float8GeluLinearFn>
       // GEMM's rebuilt input, transposed; no bf16 d pre or act in memory.
       const QuantWeights wt = quantize_weights({weight}, w_amax, false, true);
       const at::Tensor grad_act =
-          kernels::fp8_mm(gq.data, wt.data_t.t(), gq.inv_scale, wt.inv_scale, pre.scalar_type(), false);
+          fp8_gemm(st, gq.data, wt.data_t.t(), gq.inv_scale, wt.inv_scale, pre.scalar_type(), false);
       const CastOutput act = gelu_backward_cast(grad_act, pre.reshape({m, f}), act_amax, *producer);
-      result[1] = kernels::fp8_mm(gq.data_t, act.data_t.t(), gq.inv_scale, act.inv_scale, grad_dtype(weight), false)
+      result[1] = fp8_gemm(st, gq.data_t, act.data_t.t(), gq.inv_scale, act.inv_scale, grad_dtype(weight), false)
                       .to(weight.scalar_type());
       // fc1's backward reads pending_grad; autograd still needs a gradient of pre's shape.
       result[0] = at::zeros({}, grads[0].options()).expand(pre.sizes());
@@ -483,8 +488,7 @@ struct Float8GeluLinearFn : public torch::autograd::Function<Float8GeluLinearFn>
     at::Tensor act;
     if (want_pre) {
       const QuantWeights wt = quantize_weights({weight}, w_amax, false, true);
-      at::Tensor grad_act =
-          kernels::fp8_mm(gq.data, wt.data_t.t(), gq.inv_scale, wt.inv_scale, pre.scalar_type(), false);
+      at::Tensor grad_act = fp8_gemm(st, gq.data, wt.data_t.t(), gq.inv_scale, wt.inv_scale, pre.scalar_type(), false);
       if (mp != m) grad_act = grad_act.narrow(0, 0, m);
       grad_act = grad_act.view(pre.sizes());
       if (want_w) {
@@ -498,7 +502,7 @@ struct Float8GeluLinearFn : public torch::autograd::Function<Float8GeluLinearFn>
     if (want_w) {
       if (!act.defined()) act = kernels::gelu(pre);
       const CastOutput a = rebuilt_input_t(pad_rows(act.reshape({m, f}), mp), act_amax);
-      result[1] = kernels::fp8_mm(gq.data_t, a.data_t.t(), gq.inv_scale, a.inv_scale, grad_dtype(weight), false)
+      result[1] = fp8_gemm(st, gq.data_t, a.data_t.t(), gq.inv_scale, a.inv_scale, grad_dtype(weight), false)
                       .to(weight.scalar_type());
     }
     return result;
@@ -551,11 +555,13 @@ torch::Tensor float8_linear(const torch::Tensor& x, const std::vector<torch::Ten
     const int64_t m = x.numel() / x.size(-1);
     const std::vector<int64_t> shape = y.sizes().vec();
     const at::ScalarType dtype = x.scalar_type();
-    rebuild->fn = [m, shape, dtype](const std::vector<at::Tensor>& s) {
+    // The forward's GEMM problem, so a timed algorithm choice is the forward's too.
+    const kernels::Fp8GemmAlgorithm algorithm = state.config.gemm_algorithm;
+    rebuild->fn = [m, shape, dtype, algorithm](const std::vector<at::Tensor>& s) {
       at::NoGradGuard no_grad;
       const at::Tensor xq = s[0].t().contiguous();
       const QuantWeights wq = quantize_weights(at::TensorList(s).slice(3), s[2], true, false);
-      at::Tensor merged = kernels::fp8_mm(xq, wq.data.t(), s[1], wq.inv_scale, dtype, true);
+      at::Tensor merged = kernels::fp8_mm(xq, wq.data.t(), s[1], wq.inv_scale, dtype, true, {}, algorithm);
       if (merged.size(0) != m) merged = merged.narrow(0, 0, m);
       return merged.reshape(shape);
     };

@@ -22,6 +22,7 @@
 
 #include <torch/torch.h>
 
+#include "kernels/fp8_ops.h"
 #include "kernels/fused_ops.h"
 
 namespace vlatune::model {
@@ -43,6 +44,8 @@ struct Fp8Config {
   // (kernels::GegluBlocks: half the bytes; recipe fp8.saved_geglu_inputs "e4m3-blocks") instead of bf16, where F
   // is a multiple of 64 and the rows of 16 (else bf16). Its GeGLU gradient reads the dequantized values.
   bool saved_geglu_blocks = false;
+  // The cuBLASLt algorithm of every FP8 GEMM (recipe fp8.gemm_algorithm; kernels::fp8_mm).
+  kernels::Fp8GemmAlgorithm gemm_algorithm = kernels::Fp8GemmAlgorithm::kHeuristic;
 };
 
 // Amax history of one quantized tensor role (delayed scaling), on the device of the tensors it scales.

@@ -186,6 +186,9 @@ AppliedRecipe apply_recipe(const formats::Recipe& recipe, const std::string& fil
     config.scaling = effective.fp8.scaling == formats::Fp8Scaling::kDelayed ? model::Fp8Scaling::kDelayed
                                                                             : model::Fp8Scaling::kCurrent;
     config.saved_geglu_blocks = effective.fp8.saved_geglu_inputs == formats::SavedGegluInputs::kE4m3Blocks;
+    config.gemm_algorithm = effective.fp8.gemm_algorithm == formats::Fp8GemmAlgorithm::kTimed
+                                ? kernels::Fp8GemmAlgorithm::kTimed
+                                : kernels::Fp8GemmAlgorithm::kHeuristic;
     try {
       model.set_fp8(fqns, config);
     } catch (const std::invalid_argument& e) {

@@ -26,6 +26,7 @@
 #include "formats/recipe.h"
 #include "formats/run_record.h"
 #include "formats/train_config.h"
+#include "kernels/fp8_ops.h"
 #include "model/lora.h"
 #include "model/pi05.h"
 #include "model/state_dict.h"
@@ -552,6 +553,10 @@ TrainSummary finish_run(Run& run) {
     const StepGraph::Stats& g = run.parts.step_graph->stats();
     log << "cuda graph: " << g.replays << " step(s) replayed, " << g.eager_steps << " eager, " << g.captures
         << " capture(s)" << (g.disabled.empty() ? std::string() : "; capture given up: " + g.disabled) << "\n";
+  }
+  if (run.parts.applied.effective.fp8.gemm_algorithm == formats::Fp8GemmAlgorithm::kTimed) {
+    const std::string timed = kernels::describe_fp8_timed_gemms(kernels::fp8_timed_gemms(), run.step - run.first_step);
+    if (!timed.empty()) log << timed << "\n";
   }
   log_plan_check(run, rec);
   return summary;

@@ -92,6 +92,7 @@ void drop_fp8_for_capability(formats::Recipe& recipe, int compute_capability, st
       << " or newer): the recipe's fp8.modules train in bf16\n";
   recipe.fp8.modules.clear();
   recipe.fp8.saved_geglu_inputs = formats::SavedGegluInputs::kBf16;
+  recipe.fp8.gemm_algorithm = formats::Fp8GemmAlgorithm::kHeuristic;
 }
 
 std::optional<DistEnv> job_environment() {

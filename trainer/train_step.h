@@ -70,9 +70,9 @@ TrainingParts build_training_parts(const TrainOptions& opt, const formats::Recip
                                    std::shared_ptr<ProcessGroup> dist = nullptr);
 
 // FP8 Linears need compute capability 8.9 (kernels/device_probe.h): on an older GPU (`device`: --device) the
-// recipe's fp8.modules are cleared and fp8.saved_geglu_inputs goes back to bf16 (it needs an FP8 down projection), so
-// the run trains in bf16 and records that recipe (recipe_hash), with one notice in `log`. CPU runs and FP8-capable
-// GPUs keep the recipe.
+// recipe's fp8.modules are cleared, fp8.saved_geglu_inputs goes back to bf16 (it needs an FP8 down projection) and
+// fp8.gemm_algorithm to heuristic, so the run trains in bf16 and records that recipe (recipe_hash), with one notice
+// in `log`. CPU runs and FP8-capable GPUs keep the recipe.
 void drop_fp8_without_hardware(formats::Recipe& recipe, const std::string& device, std::ostream& log);
 // Its decision for a GPU of `compute_capability` (e.g. 80), without asking a device.
 void drop_fp8_for_capability(formats::Recipe& recipe, int compute_capability, std::ostream& log);

@@ -116,6 +116,11 @@ Recipe make_recipe(const Recipe& base, const CostModel& m, const Choice& c) {
   // Delayed scaling when FP8 is chosen: on the H200 it trained 67.7-68.3 samples/s against 63.8-64.7 for current
   // scaling at batch 32, and both passed the 200-step numerics gate (bench/RESULTS.md).
   if (!r.fp8.modules.empty()) r.fp8.scaling = formats::Fp8Scaling::kDelayed;
+  // Timed cuBLASLt algorithms for the FP8 GEMMs: the fastest of the heuristic's first 8 candidates beat its first
+  // choice by 1.3-1.5% of the FP8 step on the H200 (bench/RESULTS.md, 2026-12-03, seventh session); the profile's
+  // GEMM timings are the first choice's, so the prediction errs on the slow side.
+  r.fp8.gemm_algorithm =
+      r.fp8.modules.empty() ? formats::Fp8GemmAlgorithm::kHeuristic : formats::Fp8GemmAlgorithm::kTimed;
   // Blocks keep an FP8 down projection's input: without one the trainer refuses the key.
   const bool fp8_down = std::any_of(c.fp8.begin(), c.fp8.end(), [&](int g) {
     const auto& members = m.profile.gemms[static_cast<size_t>(g)].members;

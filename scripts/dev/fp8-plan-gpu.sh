@@ -17,7 +17,10 @@
 # trimmed-prompt pair: the compiled FP8 reference with `--text 64` against the shipped recipe with prompt trimming on a
 # `vlatune data synth --prompt-len 20:64` dataset, so both run 64 text positions), PLAN (1; 0: no profile and no
 # plan, the shipped recipe only), FP8_ADD (space-separated patterns: a third run, `shipped_plus`, the shipped recipe
-# with these added to its fp8.modules, e.g. the vision tower's Linears: an A/B of those alone).
+# with these added to its fp8.modules, e.g. the vision tower's Linears: an A/B of those alone), PROFILE_DATA
+# (synthetic; "trimmed": profile with prompt trimming on the `--prompt-len 20:64` dataset, so the plan is priced on
+# 64 text positions, with fp8.saved_geglu_inputs PROFILE_GEGLU_INPUTS when set; the untrimmed runs and their
+# reference are skipped, and with TRIMMED=1 the planned recipe runs in the trimmed pair, as `trimmed_planned`).
 # Output: $OUT/profile.json, $OUT/plan.json, $OUT/plan.txt (--explain), $OUT/run_{planned,shipped,shipped_plus}.json,
 # $OUT/*.log.
 set -uo pipefail
@@ -47,12 +50,27 @@ json.dump(r, open(sys.argv[2], "w"), indent=2)
 PY
 }
 untrimmed recipes/pi05_libero_h200_fp8.json "$out/fp8_profiled.json" norc
+profile_data=synthetic
+trim_data() { [ -d /tmp/trim-data ] || $v data synth --config full --samples 768 --prompt-len 20:64 --seed 0 \
+  --out /tmp/trim-data >"$out/trim_data.log" 2>&1; }
+if [ "${PROFILE_DATA:-synthetic}" = trimmed ]; then
+  rm -rf /tmp/trim-data
+  trim_data
+  profile_data=/tmp/trim-data
+  python3 - "$out/fp8_profiled.json" <<'PY'
+import json, os, sys
+r = json.load(open(sys.argv[1]))
+r["data"]["trim_text"] = True
+if os.environ.get("PROFILE_GEGLU_INPUTS"): r["fp8"]["saved_geglu_inputs"] = os.environ["PROFILE_GEGLU_INPUTS"]
+json.dump(r, open(sys.argv[1], "w"), indent=2)
+PY
+fi
 untrimmed recipes/pi05_libero_h200_fp8.json "$out/shipped.json"
 [ -n "${FP8_ADD:-}" ] && untrimmed recipes/pi05_libero_h200_fp8.json "$out/shipped_plus.json" plus
 
 if [ "${PLAN:-1}" = 1 ]; then
   rm -rf /tmp/fp8-profile
-  timeout 400 $v profile --config full --data synthetic --batch 32 --recipe "$out/fp8_profiled.json" --trace-steps 0 \
+  timeout 400 $v profile --config full --data "$profile_data" --batch 32 --recipe "$out/fp8_profiled.json" --trace-steps 0 \
     --warmup 3 --timed-steps 5 --ab-steps 2 --gemm-reps 5 --out /tmp/fp8-profile >"$out/profile.log" 2>&1
   echo "$(el) profile exit $?"
   cp /tmp/fp8-profile/profile.json "$out/profile.json"
@@ -64,14 +82,16 @@ if [ "${PLAN:-1}" = 1 ]; then
 fi
 
 : >"$out/reference.jsonl"
-if [ "${REF:-1}" = 1 ]; then
+untrimmed_runs="planned shipped shipped_plus"
+[ "${PROFILE_DATA:-synthetic}" = trimmed ] && untrimmed_runs=""
+if [ "${REF:-1}" = 1 ] && [ -n "$untrimmed_runs" ]; then
   PYTHONUNBUFFERED=1 python3 .ref/pi05_torch_reference.py --slots 2 --attn sdpa --recompute vit --compile layer \
     --fp8 tensorwise --steps 10 --warmup 3 --tag compiled-fp8 >"$out/reference.log" 2>&1
   grep RESULT "$out/reference.log" | sed 's/^RESULT //' >>"$out/reference.jsonl"
   echo "$(el) reference: $(tail -1 "$out/reference.jsonl")"
 fi
 
-for name in planned shipped shipped_plus; do
+for name in $untrimmed_runs; do
   [ -f "$out/$name.json" ] || continue
   rm -rf "/tmp/fp8-$name"
   timeout 240 $v train --config full --data synthetic --recipe "$out/$name.json" --steps "$steps" --seed 0 \
@@ -82,8 +102,7 @@ for name in planned shipped shipped_plus; do
 done
 
 if [ "${TRIMMED:-0}" = 1 ]; then
-  rm -rf /tmp/trim-data /tmp/fp8-trimmed
-  $v data synth --config full --samples 768 --prompt-len 20:64 --seed 0 --out /tmp/trim-data >"$out/trim_data.log" 2>&1
+  trim_data
   python3 - recipes/pi05_libero_h200_fp8.json "$out/trimmed.json" <<'PY'
 import json, os, sys
 r = json.load(open(sys.argv[1]))
@@ -95,22 +114,31 @@ PY
       --fp8 tensorwise --text 64 --steps 10 --warmup 3 --tag compiled-fp8-trim >"$out/reference_trim.log" 2>&1
     grep RESULT "$out/reference_trim.log" | sed 's/^RESULT //' >"$out/reference_trim.jsonl"
   fi
-  timeout 240 $v train --config full --data /tmp/trim-data --recipe "$out/trimmed.json" --steps "$steps" --seed 0 \
-    --timing-warmup "$timing_warmup" --max-memory "$budget" --out /tmp/fp8-trimmed --no-progress --log-every 5 --no-save \
-    >"$out/train_trimmed.log" 2>&1
-  echo "$(el) trimmed exit $?: $(tail -1 "$out/train_trimmed.log")"
-  cp /tmp/fp8-trimmed/run.json "$out/run_trimmed.json" 2>/dev/null
-  python3 - "$out" <<'PY'
+  trimmed_runs=(trimmed)
+  if [ "${PROFILE_DATA:-synthetic}" = trimmed ] && [ -f "$out/planned.json" ]; then
+    trimmed_runs+=(trimmed_planned)
+    cp "$out/planned.json" "$out/trimmed_planned.json"
+  fi
+  for name in "${trimmed_runs[@]}"; do
+    rm -rf "/tmp/fp8-$name"
+    timeout 240 $v train --config full --data /tmp/trim-data --recipe "$out/$name.json" --steps "$steps" --seed 0 \
+      --timing-warmup "$timing_warmup" --max-memory "$budget" --out "/tmp/fp8-$name" --no-progress --log-every 5 \
+      --no-save >"$out/train_$name.log" 2>&1
+    echo "$(el) $name exit $?: $(tail -1 "$out/train_$name.log")"
+    cp "/tmp/fp8-$name/run.json" "$out/run_$name.json" 2>/dev/null
+  done
+  python3 - "$out" "${trimmed_runs[@]}" <<'PY'
 import json, os, sys
 out = sys.argv[1]
-try:
-    ref = json.loads(open(os.path.join(out, "reference_trim.jsonl")).read().splitlines()[-1])
-    run = json.load(open(os.path.join(out, "run_trimmed.json")))
-    sps = run["samples_per_s_median"]
-    print(f"trimmed: reference {ref['samples_per_s']:.2f} samples/s ({ref['peak_gib']:.2f} GiB), vlatune "
-          f"{sps:.2f} ({run['peak_gib']:.2f} GiB): {sps / ref['samples_per_s']:.3f}x")
-except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
-    print(f"trimmed pair incomplete: {e}")
+for name in sys.argv[2:]:
+    try:
+        ref = json.loads(open(os.path.join(out, "reference_trim.jsonl")).read().splitlines()[-1])
+        run = json.load(open(os.path.join(out, f"run_{name}.json")))
+        sps = run["samples_per_s_median"]
+        print(f"{name}: reference {ref['samples_per_s']:.2f} samples/s ({ref['peak_gib']:.2f} GiB), vlatune "
+              f"{sps:.2f} ({run['peak_gib']:.2f} GiB): {sps / ref['samples_per_s']:.3f}x")
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+        print(f"{name} pair incomplete: {e}")
 PY
 fi
 

@@ -335,6 +335,26 @@ TEST_CASE("fp8.saved_geglu_inputs is written only when not bf16, changes the has
                            "string \"e4m3\""));
 }
 
+TEST_CASE("fp8.gemm_algorithm is written only when not heuristic, changes the hash and rejects unknown choices",
+          "[formats][recipe]") {
+  const Recipe timed = parse_recipe(json::parse(R"({"fp8": {"gemm_algorithm": "timed"}})"), "r.json");
+  CHECK(timed.fp8.gemm_algorithm == Fp8GemmAlgorithm::kTimed);
+  CHECK(recipe_to_json(timed)["fp8"]["gemm_algorithm"] == "timed");
+  CHECK(parse_recipe(recipe_to_json(timed), "r.json") == timed);
+  CHECK(recipe_hash(timed) != recipe_hash(Recipe{}));
+  CHECK(recipe_differences(Recipe{}, timed) ==
+        std::vector<std::string>{"fp8.gemm_algorithm: \"heuristic\" vs \"timed\""});
+
+  const Recipe heuristic = parse_recipe(json::parse(R"({"fp8": {"gemm_algorithm": "heuristic"}})"), "r.json");
+  CHECK(heuristic == Recipe{});
+  CHECK_FALSE(recipe_to_json(heuristic)["fp8"].contains("gemm_algorithm"));
+  CHECK(recipe_hash(heuristic) == recipe_hash(Recipe{}));
+  CHECK_THAT(error_of(R"({"fp8": {"gemm_algorithm": "fastest"}})").what(),
+             Catch::Equals("recipe.json: $.fp8.gemm_algorithm: expected one of \"heuristic\", \"timed\", got "
+                           "string \"fastest\""));
+  CHECK(error_of(R"({"fp8": {"gemm_algorithm": 1}})").json_path() == "$.fp8.gemm_algorithm");
+}
+
 TEST_CASE("distributed.shard_optimizer_state is written only when true, changes the hash and is named as a difference",
           "[formats][recipe]") {
   const Recipe sharded =

@@ -64,6 +64,8 @@ TEST_CASE("The shipped FP8 recipe is what plan --fp8 auto --batch 32 --memory-bu
   CHECK(planned.fp8.scaling == shipped.fp8.scaling);
   CHECK(planned.fp8.saved_geglu_inputs == SavedGegluInputs::kE4m3Blocks);
   CHECK(shipped.fp8.saved_geglu_inputs == SavedGegluInputs::kE4m3Blocks);
+  CHECK(planned.fp8.gemm_algorithm == vlatune::formats::Fp8GemmAlgorithm::kTimed);
+  CHECK(shipped.fp8.gemm_algorithm == vlatune::formats::Fp8GemmAlgorithm::kTimed);
   REQUIRE(planned.predicted.step_ms);
   REQUIRE(shipped.predicted.step_ms);
   CHECK(*planned.predicted.step_ms == Approx(*shipped.predicted.step_ms).epsilon(1e-12));

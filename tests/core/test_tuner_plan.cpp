@@ -187,6 +187,23 @@ TEST_CASE("A plan keeps the profiled recipe's e4m3-block GeGLU inputs only with 
   CHECK(r.recipe.fp8.saved_geglu_inputs == formats::SavedGegluInputs::kE4m3Blocks);
 }
 
+TEST_CASE("A plan with FP8 GEMMs times their cuBLASLt algorithms; one without keeps the heuristic's",
+          "[tuner][plan][fp8]") {
+  formats::Profile p = synthetic_profile();
+  p.recipe.fp8.gemm_algorithm = formats::Fp8GemmAlgorithm::kTimed;
+  PlanOptions o = at_batch(32);
+  const PlanResult bf16 = plan(p, kSyntheticProfile, o);
+  REQUIRE(bf16.recipe.fp8.modules.empty());
+  CHECK(bf16.recipe.fp8.gemm_algorithm == formats::Fp8GemmAlgorithm::kHeuristic);
+  o.fp8_auto = true;
+  const PlanResult r = plan(p, kSyntheticProfile, o);
+  REQUIRE_FALSE(r.recipe.fp8.modules.empty());
+  CHECK(r.recipe.fp8.gemm_algorithm == formats::Fp8GemmAlgorithm::kTimed);
+  CHECK(std::any_of(r.recipe.rationale.begin(), r.recipe.rationale.end(),
+                    [](const formats::Rationale& w) { return w.decision == "fp8.gemm_algorithm timed"; }));
+  CHECK(formats::recipe_to_json(r.recipe)["fp8"]["gemm_algorithm"] == "timed");
+}
+
 TEST_CASE("--fp8 auto picks the measured winners outside the precision-sensitive set", "[tuner][plan][fp8]") {
   PlanOptions o = at_batch(32);
   o.fp8_auto = true;

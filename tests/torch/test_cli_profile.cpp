@@ -68,8 +68,13 @@ TEST_CASE("vlatune profile on the tiny model writes a readable profile and a tra
   CHECK(p.batches[1].batch == 1);
   const auto& b = p.batches[0];
   // Every ATen op of the step runs inside some scope: backward ones through their forward's sequence number,
-  // the engine's work after a node through the node's trailing id; only stray host-side ops stay outside.
-  CHECK(b.attribution.attributed_fraction > 0.99);
+  // the engine's work after a node through the node's trailing id; only stray host-side ops stay outside. Counted
+  // by calls (about 10 of 2,900): their share of the time moves with the machine's load (0.5% here, once 1.1%).
+  double calls = 0, stray_calls = 0;
+  for (const auto& k : b.kernels) calls += k.calls;
+  for (const auto& u : b.attribution.unattributed) stray_calls += u.calls;
+  CHECK(stray_calls <= 0.01 * calls);
+  CHECK(b.attribution.attributed_fraction > 0.95);
   bool mlp_backward = false, optimizer = false, loss = false;
   for (const auto& m : b.modules) {
     if (m.fqn == "paligemma_with_expert.paligemma.model.language_model.layers.0.mlp") mlp_backward = m.backward_ms > 0;

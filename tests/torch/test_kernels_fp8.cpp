@@ -1,11 +1,13 @@
 // FP8: the quantization reference (scales, saturation, e4m3/e5m2 rounding, amax history), the FP8 Linear
 // (CPU emulation of the GEMMs) against the bf16/fp32 Linear, the model's FP8 selection and its refusals; on the
-// GPU ([.gpu]) the fused quantization kernel byte for byte against the CPU reference, and the FP8 Linear's
-// _scaled_mm path against its CPU emulation.
+// GPU ([.gpu]) the fused quantization kernel byte for byte against the CPU reference, and the FP8 Linear's cuBLASLt
+// GEMMs (the heuristic's first choice and timed algorithms) against its CPU emulation.
 #include <torch/torch.h>
 #include <catch2/catch.hpp>
 
+#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/fp8.h"
@@ -127,6 +129,28 @@ TEST_CASE("FP8 quantization refuses shapes that are not multiples of 16 and mism
   k::MergedRebuild rebuild;
   CHECK_THROWS_WITH(m::merged_gemm(torch::randn({4, 32}), {with_bias.get(), with_bias.get()}, &rebuild),
                     Catch::Contains("no rebuild of a GEMM with biases"));
+}
+
+TEST_CASE("fp8_mm's algorithm choice is cuBLASLt's: the CPU emulation computes the same either way", "[fp8]") {
+  torch::manual_seed(3);
+  const auto a = torch::randn({32, 48}).to(torch::kFloat8_e4m3fn);
+  const auto b = torch::randn({16, 48}).to(torch::kFloat8_e4m3fn).t();
+  const auto inv_a = torch::full({}, 0.5f), inv_b = torch::full({}, 0.25f), bias = torch::randn({16});
+  CHECK(torch::equal(k::fp8_mm(a, b, inv_a, inv_b, torch::kFloat, true, bias, k::Fp8GemmAlgorithm::kTimed),
+                     k::fp8_mm(a, b, inv_a, inv_b, torch::kFloat, true, bias)));
+}
+
+TEST_CASE("The timed FP8 GEMMs' log line counts the problems off the first choice and the time they save per step",
+          "[fp8]") {
+  CHECK(k::describe_fp8_timed_gemms({}, 10).empty());
+  const float inf = std::numeric_limits<float>::infinity();
+  const k::Fp8TimedGemm kept{"kept", {1.0f, 2.0f}, 0, 20};
+  const k::Fp8TimedGemm moved{"moved", {1.0f, inf, 0.75f}, 2, 40};  // 0.25 ms x 40 calls over 20 steps
+  const k::Fp8TimedGemm none{"none", {}, -1, 5};
+  CHECK(k::describe_fp8_timed_gemms({kept, moved, none}, 20) ==
+        "fp8.gemm_algorithm timed: 3 FP8 GEMM problems, 1 on another algorithm than cuBLASLt's first choice, about "
+        "0.50 ms less per step by their first-call timings");
+  CHECK_THAT(k::describe_fp8_timed_gemms({moved}, 0), Catch::Contains("about 10.00 ms"));  // 0 steps: as 1
 }
 
 TEST_CASE("The FP8 Linear (CPU emulation) follows the fp32 Linear within FP8 precision, merged and padded", "[fp8]") {
@@ -392,12 +416,16 @@ TEST_CASE("The CUDA FP8 quantization kernel equals the CPU reference byte for by
   }
 }
 
-TEST_CASE("The FP8 Linear's _scaled_mm path matches its CPU emulation (same FP8 operands)", "[.gpu][fp8]") {
+TEST_CASE("The FP8 Linear's cuBLASLt path matches its CPU emulation (same FP8 operands), both algorithm choices",
+          "[.gpu][fp8]") {
   REQUIRE(torch::cuda::is_available());
   torch::manual_seed(23);
-  for (auto scaling : {m::Fp8Scaling::kCurrent, m::Fp8Scaling::kDelayed}) {
+  for (auto [scaling, algorithm] : {std::pair{m::Fp8Scaling::kCurrent, k::Fp8GemmAlgorithm::kHeuristic},
+                                    std::pair{m::Fp8Scaling::kDelayed, k::Fp8GemmAlgorithm::kHeuristic},
+                                    std::pair{m::Fp8Scaling::kDelayed, k::Fp8GemmAlgorithm::kTimed}}) {
     m::Float8State gpu_state, cpu_state;
     gpu_state.config.scaling = cpu_state.config.scaling = scaling;
+    gpu_state.config.gemm_algorithm = algorithm;
     for (int step = 0; step < 3; ++step) {
       // 50 x 6 = 300 rows: padded to 304 (the expert's horizon at a batch that is not a multiple of 8). Step 1 adds
       // the members' biases.
@@ -419,11 +447,28 @@ TEST_CASE("The FP8 Linear's _scaled_mm path matches its CPU emulation (same FP8 
       auto g = run(torch::kCUDA, gpu_state);
       auto c = run(torch::kCPU, cpu_state);
       for (size_t i = 0; i < g.size(); ++i) {
-        INFO("output " << i << " step " << step);
+        INFO("output " << i << " step " << step << " timed " << (algorithm == k::Fp8GemmAlgorithm::kTimed));
         CHECK(rel_err(g[i], c[i]) < 5e-3);  // identical FP8 operands; accumulation order and bf16 output rounding
       }
     }
   }
+  // The timed runs chose an algorithm for each problem: the forward with and without the bias epilogue, the input
+  // gradient (e4m3 x e5m2) and each member's weight gradient (a row slice of the transposed gradient).
+  const std::vector<k::Fp8TimedGemm> timed = k::fp8_timed_gemms();
+  REQUIRE(timed.size() >= 4);
+  bool bias = false, e5m2 = false, fast = false;
+  for (const auto& t : timed) {
+    INFO(t.problem);
+    CHECK(t.chosen >= 0);
+    CHECK(t.calls >= 1);
+    CHECK(t.candidate_ms.size() <= static_cast<size_t>(k::kFp8TimedCandidates));
+    bias = bias || t.problem.find(" bias") != std::string::npos;
+    e5m2 = e5m2 || t.problem.find("e5m2") != std::string::npos;
+    fast = fast || t.problem.find("fast-accum") != std::string::npos;
+  }
+  CHECK(bias);
+  CHECK(e5m2);
+  CHECK(fast);
   // The GeGLU form on the GPU against its CPU emulation.
   m::Float8State gs, cs;
   auto merged = torch::randn({4, 100, 2 * 256}).to(torch::kBFloat16);

@@ -300,6 +300,7 @@ TEST_CASE("fp8.saved_geglu_inputs reaches every FP8 Linear's config and needs an
     if (l == nullptr || !l->fp8) continue;
     ++fp8_linears;
     with_blocks += l->fp8->config.saved_geglu_blocks ? 1 : 0;
+    CHECK(l->fp8->config.gemm_algorithm == vlatune::kernels::Fp8GemmAlgorithm::kHeuristic);
   }
   CHECK(fp8_linears == 6);  // gate, up and down of both backbone layers
   CHECK(with_blocks == fp8_linears);
@@ -365,7 +366,15 @@ TEST_CASE(
   }));
   CHECK(applied.fp8_delayed);
   CHECK(applied.effective.fp8.saved_geglu_inputs == vlatune::formats::SavedGegluInputs::kE4m3Blocks);
+  CHECK(applied.effective.fp8.gemm_algorithm == vlatune::formats::Fp8GemmAlgorithm::kTimed);
   CHECK(applied.effective.data.trim_text);
+  // fp8.gemm_algorithm reaches every FP8 Linear's config.
+  int64_t timed = 0;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    const auto* l = dynamic_cast<const LinearImpl*>(item.value().get());
+    if (l != nullptr && l->fp8) timed += l->fp8->config.gemm_algorithm == vlatune::kernels::Fp8GemmAlgorithm::kTimed;
+  }
+  CHECK(timed > 0);
 }
 
 TEST_CASE("On a GPU without FP8 the shipped FP8 recipe trains in bf16, e4m3-block inputs included", "[recipe][fp8]") {
@@ -378,6 +387,7 @@ TEST_CASE("On a GPU without FP8 the shipped FP8 recipe trains in bf16, e4m3-bloc
   vlatune::trainer::drop_fp8_for_capability(recipe, 80, log);  // an A100
   CHECK(recipe.fp8.modules.empty());
   CHECK(recipe.fp8.saved_geglu_inputs == vlatune::formats::SavedGegluInputs::kBf16);
+  CHECK(recipe.fp8.gemm_algorithm == vlatune::formats::Fp8GemmAlgorithm::kHeuristic);
   CHECK_THAT(log.str(), Catch::Contains("compute capability 8.0") && Catch::Contains("train in bf16"));
   // What is left applies: the recompute set, no FP8 Linear.
   Pi05Impl model(Pi05Config::full(), torch::Device(torch::kMeta));
