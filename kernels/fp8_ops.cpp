@@ -26,6 +26,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cuda_check.h"
@@ -595,9 +596,11 @@ struct TimedChoice {
   Fp8TimedGemm record;
   cublasLtMatmulAlgo_t algo{};
 };
+// A GEMM problem as cuBLASLt sees it: device, m, n, k, lda, ldb, the dtypes of A, B and D, fast accumulation, bias.
+using ProblemKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, bool, bool>;
 struct TimedGemms {
   std::mutex mutex;
-  std::map<std::string, size_t> by_key;  // the problem and its device -> choices index
+  std::map<ProblemKey, size_t> by_key;  // -> choices index
   std::vector<TimedChoice> choices;
 };
 TimedGemms& timed_gemms_state() {
@@ -653,20 +656,30 @@ at::Tensor timed_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::T
     return cublasLtMatmul(handle, gemm.desc, &one, b.data_ptr(), gemm.a, a.data_ptr(), gemm.b, &zero, y.data_ptr(),
                           gemm.d, y.data_ptr(), gemm.d, &algo, workspace.data_ptr(), kLtWorkspaceBytes, stream);
   };
-  const std::string problem =
-      "m=" + std::to_string(n) + " n=" + std::to_string(m) + " k=" + std::to_string(k) + " lda=" + std::to_string(lda) +
-      " ldb=" + std::to_string(ldb) + " " + lt_name(b.scalar_type()) + " x " + lt_name(a.scalar_type()) + " -> " +
-      lt_name(out_dtype) + (fast_accum ? " fast-accum" : "") + (bias_bf16.defined() ? " bias" : "");
+  const ProblemKey key{a.get_device(),
+                       n,
+                       m,
+                       k,
+                       lda,
+                       ldb,
+                       static_cast<int>(b.scalar_type()),
+                       static_cast<int>(a.scalar_type()),
+                       static_cast<int>(out_dtype),
+                       fast_accum,
+                       bias_bf16.defined()};
   TimedGemms& state = timed_gemms_state();
   const std::lock_guard<std::mutex> lock(state.mutex);
-  const std::string key = problem + " cuda:" + std::to_string(a.get_device());
   auto found = state.by_key.find(key);
   if (found == state.by_key.end()) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     VLATUNE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
     if (capture != cudaStreamCaptureStatusNone) return {};  // timing synchronizes: not inside a graph capture
     TimedChoice choice;
-    choice.record.problem = problem;
+    choice.record.problem = "m=" + std::to_string(n) + " n=" + std::to_string(m) + " k=" + std::to_string(k) +
+                            " lda=" + std::to_string(lda) + " ldb=" + std::to_string(ldb) + " " +
+                            lt_name(b.scalar_type()) + " x " + lt_name(a.scalar_type()) + " -> " + lt_name(out_dtype) +
+                            (fast_accum ? " fast-accum" : "") + (bias_bf16.defined() ? " bias" : "") +
+                            " cuda:" + std::to_string(a.get_device());
     cublasLtMatmulPreference_t preference = nullptr;
     std::vector<cublasLtMatmulHeuristicResult_t> candidates(kFp8TimedCandidates);
     int count = 0;

@@ -133,7 +133,7 @@ at::Tensor fp8_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& in
 
 // What kTimed measured for one GEMM problem (cuBLAS's column-major terms: D [m x n] = A^T B, k deep).
 struct Fp8TimedGemm {
-  std::string problem;              // "m=2048 n=18432 k=16384 lda=16384 ldb=16384 e4m3 x e4m3 -> bf16 fast-accum"
+  std::string problem;  // "m=2048 n=18432 k=16384 lda=16384 ldb=16384 e4m3 x e4m3 -> bf16 fast-accum cuda:0"
   std::vector<float> candidate_ms;  // per heuristic candidate, in its order; +inf: it failed to run
   int chosen = -1;                  // index into candidate_ms; -1: none ran (at::_scaled_mm runs the problem)
   int64_t calls = 0;                // calls so far, the timing call included
