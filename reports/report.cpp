@@ -63,6 +63,22 @@ std::string number_text(double v) {
   return fixed(v, a >= 100 ? 1 : a >= 1 ? 3 : 4);
 }
 
+std::string freeze_text(const formats::Recipe::Freeze& f) {
+  std::vector<std::string> parts;
+  for (formats::FreezePreset p : f.presets) parts.emplace_back(formats::to_string(p));
+  parts.insert(parts.end(), f.modules.begin(), f.modules.end());
+  return parts.empty() ? "none" : join(parts, "\n");
+}
+
+std::string lora_text(const formats::Recipe::Lora& l) {
+  std::vector<std::string> parts;
+  if (l.preset) parts.push_back(std::string("preset ") + formats::to_string(*l.preset));
+  for (const auto& t : l.targets)
+    parts.push_back(join(t.modules, ", ") + " (rank " + std::to_string(t.rank) + ", alpha " + number_text(t.alpha) +
+                    ")");
+  return parts.empty() ? "none" : join(parts, "\n");
+}
+
 std::string recipe_settings(const formats::Recipe& r) {
   using formats::to_string;
   std::vector<std::vector<std::string>> rows = {
@@ -74,11 +90,20 @@ std::string recipe_settings(const formats::Recipe& r) {
       {"model_options.attention", to_string(r.model_options.attention)},
       {"model_options.precision", to_string(r.model_options.precision)},
       {"model_options.skip_dead", r.model_options.skip_dead ? "true" : "false"},
+      {"model_options.attention_backend", to_string(r.model_options.attention_backend)},
+      {"model_options.cuda_graph", r.model_options.cuda_graph_step ? "step" : "off"},
       {"recompute.modules", r.recompute.modules.empty() ? "none" : join(r.recompute.modules, "\n")},
       {"fp8.modules", r.fp8.modules.empty() ? "none" : join(r.fp8.modules, "\n")},
+      {"fp8.scaling", to_string(r.fp8.scaling)},
+      {"fp8.saved_geglu_inputs", to_string(r.fp8.saved_geglu_inputs)},
+      {"fp8.gemm_algorithm", to_string(r.fp8.gemm_algorithm)},
+      {"freeze", freeze_text(r.freeze)},
+      {"lora", lora_text(r.lora)},
+      {"optimizer.state_dtype", to_string(r.optimizer.state_dtype)},
       {"groups", r.groups.empty() ? "default (one per named unit)" : std::to_string(r.groups.size()) + " groups"},
-      {"distributed",
-       "world_size " + std::to_string(r.distributed.world_size) + ", reduce " + to_string(r.distributed.reduce_dtype)},
+      {"distributed", "world_size " + std::to_string(r.distributed.world_size) + ", reduce " +
+                          to_string(r.distributed.reduce_dtype) +
+                          (r.distributed.shard_optimizer_state ? ", optimizer state sharded" : "")},
       {"tuned_on", "gpu " + opt_text(r.tuned_on.gpu) + ", torch " + opt_text(r.tuned_on.torch) + ", profile " +
                        opt_text(r.tuned_on.profile)},
       {"recipe_hash", formats::recipe_hash(r)},

@@ -205,6 +205,30 @@ TEST_CASE("The runs section plots metrics.jsonl's data wait and tabulates its me
   CHECK(count(none, "<td class=\"num\">not measured</td>") == 2);
 }
 
+TEST_CASE("The report's recipe table names every key that changes what a run computes", "[reports][html]") {
+  vlatune::reports::ReportInput in;
+  Recipe r = sample_recipe();
+  r.fp8.modules = {"a.*.down_proj"};
+  r.fp8.scaling = vlatune::formats::Fp8Scaling::kDelayed;
+  r.fp8.saved_geglu_inputs = vlatune::formats::SavedGegluInputs::kE4m3Blocks;
+  r.fp8.gemm_algorithm = vlatune::formats::Fp8GemmAlgorithm::kTimed;
+  r.model_options.cuda_graph_step = true;
+  r.optimizer.state_dtype = vlatune::formats::StateDtype::kInt8Blockwise;
+  r.freeze.presets = {vlatune::formats::FreezePreset::kFreezeVisionEncoder};
+  r.lora.targets = {{{"b.*.q_proj"}, 8, 16.0}};
+  r.distributed.shard_optimizer_state = true;
+  in.recipe = r;
+  const std::string html = vlatune::reports::render_report(in);
+  for (const char* row :
+       {"<td>fp8.scaling</td><td>delayed</td>", "<td>fp8.saved_geglu_inputs</td><td>e4m3-blocks</td>",
+        "<td>fp8.gemm_algorithm</td><td>timed</td>", "<td>model_options.cuda_graph</td><td>step</td>",
+        "<td>optimizer.state_dtype</td><td>int8-blockwise</td>", "<td>freeze</td><td>freeze_vision_encoder</td>",
+        "<td>lora</td><td>b.*.q_proj (rank 8, alpha 16)</td>", ", optimizer state sharded</td>"}) {
+    INFO(row);
+    CHECK(count(html, row) == 1);
+  }
+}
+
 TEST_CASE("The report matches its golden file byte for byte", "[reports][html]") {
   // Same inputs, same bytes on every machine (fixed number formatting, no clocks). An intended change of the
   // page: VLATUNE_UPDATE_GOLDEN=1 vlatune_tests_core "[html]" and commit tests/fixtures/report_golden.html.
