@@ -43,7 +43,16 @@ __global__ void fill(unsigned char* p, size_t n, unsigned seed) {
 
 int main(int argc, char** argv) {
   std::vector<int> rows_list;
-  for (int i = 1; i < argc; ++i) rows_list.push_back(atoi(argv[i]));
+  for (int i = 1; i < argc; ++i) {
+    char* end = nullptr;
+    const long rows = strtol(argv[i], &end, 10);
+    // FP8 GEMMs need every dimension a multiple of 16 (the trainer pads its rows to that).
+    if (end == argv[i] || *end != '\0' || rows <= 0 || rows % 16 != 0 || rows > (1L << 24)) {
+      fprintf(stderr, "rows '%s': expected a positive multiple of 16 (at most 2^24)\n", argv[i]);
+      return 2;
+    }
+    rows_list.push_back(static_cast<int>(rows));
+  }
   if (rows_list.empty()) rows_list = {18432, 22784};  // prompts trimmed to 64 and untrimmed, batch 32
   const std::vector<Linear> linears = {
       {"gate_up", 32768, 2048, false}, {"down", 2048, 16384, false},  {"qkv", 2560, 2048, false},
