@@ -789,6 +789,18 @@ bool aligned16(const void* ptr) {
   return reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
 }
 
+// launch(T{}) with T the activations' element type (bf16 or fp32), inside op's NVTX range; then the launch's error.
+template <typename Launch>
+void launch_by_act_dtype(ActDtype dtype, const char* op, Launch launch) {
+  NvtxRange range(op);
+  if (dtype == ActDtype::kBf16) {
+    launch(__nv_bfloat16{});
+  } else {
+    launch(float{});
+  }
+  VLATUNE_CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace
 
 bool fp8_quantize_supported(int64_t rows, int64_t cols) {
@@ -798,18 +810,15 @@ bool fp8_quantize_supported(int64_t rows, int64_t cols) {
 void launch_fp8_amax(const Fp8AmaxParams& p, CUstream_st* stream) {
   if (p.count == 0) return;
   if (p.amax_out == nullptr || p.x == nullptr) throw std::invalid_argument("vlatune::fp8_amax: null pointer");
-  NvtxRange range("vlatune::fp8_amax");
-  const int vec = p.dtype == ActDtype::kBf16 ? 8 : 4;
-  const int64_t items = p.count % vec == 0 && aligned16(p.x) ? p.count / vec : p.count;  // as the kernel's loop
-  const int64_t blocks =
-      std::max<int64_t>(1, std::min<int64_t>((items + kThreads - 1) / kThreads,
-                                             static_cast<int64_t>(fused_detail::sm_count()) * kAmaxBlocksPerSm));
-  if (p.dtype == ActDtype::kBf16) {
-    fp8_amax_kernel<__nv_bfloat16><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
-  } else {
-    fp8_amax_kernel<float><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
-  }
-  VLATUNE_CUDA_CHECK(cudaGetLastError());
+  launch_by_act_dtype(p.dtype, "vlatune::fp8_amax", [&](auto element) {
+    using T = decltype(element);
+    constexpr int V = kVec<T>;
+    const int64_t items = p.count % V == 0 && aligned16(p.x) ? p.count / V : p.count;  // as the kernel's loop
+    const int64_t blocks =
+        std::max<int64_t>(1, std::min<int64_t>((items + kThreads - 1) / kThreads,
+                                               static_cast<int64_t>(fused_detail::sm_count()) * kAmaxBlocksPerSm));
+    fp8_amax_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+  });
 }
 
 namespace {
@@ -869,13 +878,7 @@ void launch_quant(const Fp8QuantParams& p, CUstream_st* stream, const char* op) 
   check_quant(p, op, !kAmaxPass || writes);
   if (kAmaxPass && !writes && p.amax_out == nullptr)
     throw std::invalid_argument(std::string(op) + ": nothing to write");
-  NvtxRange range(op);
-  if (p.dtype == ActDtype::kBf16) {
-    launch_quant_typed<__nv_bfloat16, kValue>(p, stream);
-  } else {
-    launch_quant_typed<float, kValue>(p, stream);
-  }
-  VLATUNE_CUDA_CHECK(cudaGetLastError());
+  launch_by_act_dtype(p.dtype, op, [&](auto element) { launch_quant_typed<decltype(element), kValue>(p, stream); });
 }
 
 }  // namespace
@@ -902,13 +905,7 @@ void launch_fp8_geglu_backward_quantize(const Fp8GegluBwdParams& p, CUstream_st*
   if (g.out != nullptr && g.out_ld < 2 * g.cols)
     throw std::invalid_argument(std::string(op) + ": out holds [rows, 2F]: out_ld must be >= 2F");
   check_backward_cast(p.grad, p.act_t, p.act_t_ld, p.act_amax_in, g, writes, op);
-  NvtxRange range(op);
-  if (g.dtype == ActDtype::kBf16) {
-    launch_geglu_bwd_typed<__nv_bfloat16>(p, stream);
-  } else {
-    launch_geglu_bwd_typed<float>(p, stream);
-  }
-  VLATUNE_CUDA_CHECK(cudaGetLastError());
+  launch_by_act_dtype(g.dtype, op, [&](auto element) { launch_geglu_bwd_typed<decltype(element)>(p, stream); });
 }
 
 void launch_fp8_gelu_backward_quantize(const Fp8GeluBwdParams& p, CUstream_st* stream) {
@@ -918,13 +915,7 @@ void launch_fp8_gelu_backward_quantize(const Fp8GeluBwdParams& p, CUstream_st* s
   const bool writes = g.out != nullptr || g.out_t != nullptr || p.act_t != nullptr || p.bias_partials != nullptr;
   check_quant(g, op, writes);
   check_backward_cast(p.grad, p.act_t, p.act_t_ld, p.act_amax_in, g, writes, op);
-  NvtxRange range(op);
-  if (g.dtype == ActDtype::kBf16) {
-    launch_gelu_bwd_typed<__nv_bfloat16>(p, stream);
-  } else {
-    launch_gelu_bwd_typed<float>(p, stream);
-  }
-  VLATUNE_CUDA_CHECK(cudaGetLastError());
+  launch_by_act_dtype(g.dtype, op, [&](auto element) { launch_gelu_bwd_typed<decltype(element)>(p, stream); });
 }
 
 }  // namespace vlatune::kernels

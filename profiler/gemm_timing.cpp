@@ -65,14 +65,19 @@ GemmTiming time_gemm(int64_t m, int64_t k, int64_t n, int repetitions) {
     auto [xq, xs] = quantize(x, at::kFloat8_e4m3fn, kE4m3Max);
     auto [wq, ws] = quantize(w, at::kFloat8_e4m3fn, kE4m3Max);
     auto [gq, gs] = quantize(dy, at::kFloat8_e5m2, kE5m2Max);
-    // _scaled_mm wants A row-major and B column-major: B = W^T is W's transpose view (column-major) for the
+    // As the FP8 Linear runs them (model/float8_linear.cpp): fast accumulation in the forward only, and the
+    // cuBLASLt algorithm `vlatune plan` writes with every FP8 selection (fp8.gemm_algorithm "timed"; its first-call
+    // timing falls in time_cold's warm-up). A row-major, B column-major: B = W^T is W's transpose view for the
     // forward; the gradients need transposed copies (W^T row-major for dx, dy^T and x^T row-major for dW).
+    constexpr auto kAlgorithm = kernels::Fp8GemmAlgorithm::kTimed;
     at::Tensor wt = wq.t().contiguous(), gt = gq.t().contiguous(), xt = xq.t().contiguous();
     formats::GemmTimes f;
-    f.forward_ms = time_cold(flush, repetitions, [&] { at::_scaled_mm(xq, wq.t(), xs, ws, {}, {}, at::kBFloat16); });
-    f.grad_input_ms = time_cold(flush, repetitions, [&] { at::_scaled_mm(gq, wt.t(), gs, ws, {}, {}, at::kBFloat16); });
-    f.grad_weight_ms =
-        time_cold(flush, repetitions, [&] { at::_scaled_mm(gt, xt.t(), gs, xs, {}, {}, at::kBFloat16); });
+    f.forward_ms = time_cold(flush, repetitions,
+                             [&] { kernels::fp8_mm(xq, wq.t(), xs, ws, at::kBFloat16, true, {}, kAlgorithm); });
+    f.grad_input_ms = time_cold(flush, repetitions,
+                                [&] { kernels::fp8_mm(gq, wt.t(), gs, ws, at::kBFloat16, false, {}, kAlgorithm); });
+    f.grad_weight_ms = time_cold(flush, repetitions,
+                                 [&] { kernels::fp8_mm(gt, xt.t(), gs, xs, at::kBFloat16, false, {}, kAlgorithm); });
     t.fp8 = f;
     // The casts as the trainer's FP8 Linear runs them (model/float8_linear.h, delayed scaling): x and dy in one
     // fused pass each (row-major + transposed copy, scale from the amax history, this amax recorded); the weight:

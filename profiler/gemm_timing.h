@@ -1,6 +1,7 @@
 // GEMM inventory timing: the three GEMMs of a Linear (forward y = x W^T, input gradient dx = dy W, weight
 // gradient dW = dy^T x) at its real (m, k, n), in bf16 and in FP8 tensorwise (e4m3 activations and weights,
-// e5m2 gradients, at::_scaled_mm with row-major A and column-major B), plus the quantization the FP8 path needs
+// e5m2 gradients, through kernels::fp8_mm as the FP8 Linear calls it: fast accumulation in the forward, timed
+// cuBLASLt algorithms), plus the quantization the FP8 path needs
 // (amax, scale, cast, transposed copies) as the trainer runs it. Medians of CUDA-event timings with L2 flushed
 // before each repetition (cold L2, as in a training step; host clocks overstate small GEMMs).
 #pragma once

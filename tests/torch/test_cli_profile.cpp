@@ -18,8 +18,10 @@
 #include "cli/cli.h"
 #include "formats/fqn_pattern.h"
 #include "formats/profile.h"
+#include "kernels/fp8_ops.h"
 #include "profiler/attribution.h"
 #include "profiler/cupti_api.h"
+#include "profiler/gemm_timing.h"
 #include "profiler/session.h"
 #include "profiler/tracer.h"
 
@@ -150,4 +152,32 @@ TEST_CASE("vlatune profile on the tiny model writes a readable profile and a tra
   std::ostringstream out2, err2;
   CHECK(vlatune::cli::run(static_cast<int>(argv.size()), argv.data(), out2, err2) == 4);
   CHECK_THAT(err2.str(), Catch::Contains("--recompute-candidate"));
+}
+
+TEST_CASE("The profile's GEMM table times the FP8 GEMMs as the FP8 Linear runs them", "[.gpu][fp8]") {
+  REQUIRE(torch::cuda::is_available());
+  // A shape no other test runs, so its three FP8 problems are new to the process's timed-algorithm records.
+  const int64_t m = 1136, k = 720, n = 1504;
+  const size_t before = vlatune::kernels::fp8_timed_gemms().size();
+  const GemmTiming t = time_gemm(m, k, n, 2);
+  REQUIRE(t.fp8);
+  CHECK(t.bf16.forward_ms > 0);
+  CHECK(t.fp8->forward_ms > 0);
+  CHECK(t.fp8->grad_input_ms > 0);
+  CHECK(t.fp8->grad_weight_ms > 0);
+  REQUIRE(t.quant_ms);
+  CHECK(*t.quant_ms > 0);
+  // Forward (e4m3 x e4m3, fast accumulation), input gradient (e5m2 gradient, W^T), weight gradient (dy^T x): each
+  // on a timed algorithm, and only the forward with fast accumulation, as model/float8_linear.cpp calls them.
+  const std::vector<vlatune::kernels::Fp8TimedGemm> timed = vlatune::kernels::fp8_timed_gemms();
+  REQUIRE(timed.size() == before + 3);
+  const auto has = [](const std::string& problem, const char* word) { return problem.find(word) != std::string::npos; };
+  for (size_t i = before; i < timed.size(); ++i) {
+    INFO(timed[i].problem);
+    CHECK(timed[i].chosen >= 0);
+    CHECK(timed[i].calls >= 3);  // the warm-up (which timed the candidates) and two repetitions
+    CHECK(has(timed[i].problem, "fast-accum") == (i == before));
+    CHECK(has(timed[i].problem, "e5m2") == (i != before));
+    CHECK(has(timed[i].problem, "-> bf16"));
+  }
 }
