@@ -21,20 +21,23 @@
 # (synthetic; "trimmed": profile with prompt trimming on the `--prompt-len 20:64` dataset, so the plan is priced on
 # 64 text positions, with fp8.saved_geglu_inputs PROFILE_GEGLU_INPUTS when set; the untrimmed runs and their
 # reference are skipped, and with TRIMMED=1 the planned recipe runs in the trimmed pair, as `trimmed_planned`).
-# Output: $OUT/profile.json, $OUT/plan.json, $OUT/plan.txt (--explain), $OUT/run_{planned,shipped,shipped_plus}.json,
-# $OUT/*.log.
+# Output ($OUT, at most the eight files the device tool returns): table.md (predicted vs measured), trimmed.md (the
+# trimmed pairs), profile.json, planned.json, plan.txt (--explain), numerics.txt, run_{planned,shipped}.json. Every
+# file, logs and the other recipes and runs included, stays in /tmp/fp8-plan.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
 out="${OUT:-$root/out}"
-mkdir -p "$out"
+work=/tmp/fp8-plan  # every file of the call; the device tool returns eight, so $OUT gets the main ones at the end
+rm -rf "$work"
+mkdir -p "$out" "$work"
 budget="${BUDGET:-57}"
 steps="${STEPS:-14}"
 timing_warmup="${TIMING_WARMUP:-3}"
 t0=$(date +%s)
 el() { echo "[$(($(date +%s) - t0)) s]"; }
 source scripts/dev/gpu-build.sh
-gpu_build "$out" vlatune || exit 1
+gpu_build "$work" vlatune || exit 1
 v=./build-gpu/cli/vlatune
 echo "$(el) built"
 
@@ -49,15 +52,15 @@ if os.environ.get("SAVED_GEGLU_INPUTS"): r["fp8"]["saved_geglu_inputs"] = os.env
 json.dump(r, open(sys.argv[2], "w"), indent=2)
 PY
 }
-untrimmed recipes/pi05_libero_h200_fp8.json "$out/fp8_profiled.json" norc
+untrimmed recipes/pi05_libero_h200_fp8.json "$work/fp8_profiled.json" norc
 profile_data=synthetic
 trim_data() { [ -d /tmp/trim-data ] || $v data synth --config full --samples 768 --prompt-len 20:64 --seed 0 \
-  --out /tmp/trim-data >"$out/trim_data.log" 2>&1; }
+  --out /tmp/trim-data >"$work/trim_data.log" 2>&1; }
 if [ "${PROFILE_DATA:-synthetic}" = trimmed ]; then
   rm -rf /tmp/trim-data
   trim_data
   profile_data=/tmp/trim-data
-  python3 - "$out/fp8_profiled.json" <<'PY'
+  python3 - "$work/fp8_profiled.json" <<'PY'
 import json, os, sys
 r = json.load(open(sys.argv[1]))
 r["data"]["trim_text"] = True
@@ -65,45 +68,45 @@ if os.environ.get("PROFILE_GEGLU_INPUTS"): r["fp8"]["saved_geglu_inputs"] = os.e
 json.dump(r, open(sys.argv[1], "w"), indent=2)
 PY
 fi
-untrimmed recipes/pi05_libero_h200_fp8.json "$out/shipped.json"
-[ -n "${FP8_ADD:-}" ] && untrimmed recipes/pi05_libero_h200_fp8.json "$out/shipped_plus.json" plus
+untrimmed recipes/pi05_libero_h200_fp8.json "$work/shipped.json"
+[ -n "${FP8_ADD:-}" ] && untrimmed recipes/pi05_libero_h200_fp8.json "$work/shipped_plus.json" plus
 
 if [ "${PLAN:-1}" = 1 ]; then
   rm -rf /tmp/fp8-profile
-  timeout 400 $v profile --config full --data "$profile_data" --batch 32 --recipe "$out/fp8_profiled.json" --trace-steps 0 \
-    --warmup 3 --timed-steps 5 --ab-steps 2 --gemm-reps 5 --out /tmp/fp8-profile >"$out/profile.log" 2>&1
+  timeout 400 $v profile --config full --data "$profile_data" --batch 32 --recipe "$work/fp8_profiled.json" --trace-steps 0 \
+    --warmup 3 --timed-steps 5 --ab-steps 2 --gemm-reps 5 --out /tmp/fp8-profile >"$work/profile.log" 2>&1
   echo "$(el) profile exit $?"
-  cp /tmp/fp8-profile/profile.json "$out/profile.json"
+  cp /tmp/fp8-profile/profile.json "$work/profile.json"
   $v plan --profile /tmp/fp8-profile --fp8 auto --batch 32 --memory-budget "$budget" ${PLAN_FLAGS:-} \
-    --out "$out/planned.json" >"$out/plan.log" 2>&1
-  echo "plan exit $?: $(tail -1 "$out/plan.log")"
+    --out "$work/planned.json" >"$work/plan.log" 2>&1
+  echo "plan exit $?: $(tail -1 "$work/plan.log")"
   $v plan --profile /tmp/fp8-profile --fp8 auto --batch 32 --memory-budget "$budget" ${PLAN_FLAGS:-} --explain \
-    >"$out/plan.txt" 2>&1
+    >"$work/plan.txt" 2>&1
 fi
 
-: >"$out/reference.jsonl"
+: >"$work/reference.jsonl"
 untrimmed_runs="planned shipped shipped_plus"
 [ "${PROFILE_DATA:-synthetic}" = trimmed ] && untrimmed_runs=""
 if [ "${REF:-1}" = 1 ] && [ -n "$untrimmed_runs" ]; then
   PYTHONUNBUFFERED=1 python3 .ref/pi05_torch_reference.py --slots 2 --attn sdpa --recompute vit --compile layer \
-    --fp8 tensorwise --steps 10 --warmup 3 --tag compiled-fp8 >"$out/reference.log" 2>&1
-  grep RESULT "$out/reference.log" | sed 's/^RESULT //' >>"$out/reference.jsonl"
-  echo "$(el) reference: $(tail -1 "$out/reference.jsonl")"
+    --fp8 tensorwise --steps 10 --warmup 3 --tag compiled-fp8 >"$work/reference.log" 2>&1
+  grep RESULT "$work/reference.log" | sed 's/^RESULT //' >>"$work/reference.jsonl"
+  echo "$(el) reference: $(tail -1 "$work/reference.jsonl")"
 fi
 
 for name in $untrimmed_runs; do
-  [ -f "$out/$name.json" ] || continue
+  [ -f "$work/$name.json" ] || continue
   rm -rf "/tmp/fp8-$name"
-  timeout 240 $v train --config full --data synthetic --recipe "$out/$name.json" --steps "$steps" --seed 0 \
+  timeout 240 $v train --config full --data synthetic --recipe "$work/$name.json" --steps "$steps" --seed 0 \
     --timing-warmup "$timing_warmup" --max-memory "$budget" --out "/tmp/fp8-$name" --no-progress --log-every 5 --no-save \
-    >"$out/train_$name.log" 2>&1
-  echo "$(el) $name exit $?: $(tail -1 "$out/train_$name.log")"
-  cp "/tmp/fp8-$name/run.json" "$out/run_$name.json" 2>/dev/null
+    >"$work/train_$name.log" 2>&1
+  echo "$(el) $name exit $?: $(tail -1 "$work/train_$name.log")"
+  cp "/tmp/fp8-$name/run.json" "$work/run_$name.json" 2>/dev/null
 done
 
 if [ "${TRIMMED:-0}" = 1 ]; then
   trim_data
-  python3 - recipes/pi05_libero_h200_fp8.json "$out/trimmed.json" <<'PY'
+  python3 - recipes/pi05_libero_h200_fp8.json "$work/trimmed.json" <<'PY'
 import json, os, sys
 r = json.load(open(sys.argv[1]))
 if os.environ.get("SAVED_GEGLU_INPUTS"): r["fp8"]["saved_geglu_inputs"] = os.environ["SAVED_GEGLU_INPUTS"]
@@ -111,23 +114,23 @@ json.dump(r, open(sys.argv[2], "w"), indent=2)
 PY
   if [ "${REF:-1}" = 1 ]; then
     PYTHONUNBUFFERED=1 python3 .ref/pi05_torch_reference.py --slots 2 --attn sdpa --recompute vit --compile layer \
-      --fp8 tensorwise --text 64 --steps 10 --warmup 3 --tag compiled-fp8-trim >"$out/reference_trim.log" 2>&1
-    grep RESULT "$out/reference_trim.log" | sed 's/^RESULT //' >"$out/reference_trim.jsonl"
+      --fp8 tensorwise --text 64 --steps 10 --warmup 3 --tag compiled-fp8-trim >"$work/reference_trim.log" 2>&1
+    grep RESULT "$work/reference_trim.log" | sed 's/^RESULT //' >"$work/reference_trim.jsonl"
   fi
   trimmed_runs=(trimmed)
-  if [ "${PROFILE_DATA:-synthetic}" = trimmed ] && [ -f "$out/planned.json" ]; then
+  if [ "${PROFILE_DATA:-synthetic}" = trimmed ] && [ -f "$work/planned.json" ]; then
     trimmed_runs+=(trimmed_planned)
-    cp "$out/planned.json" "$out/trimmed_planned.json"
+    cp "$work/planned.json" "$work/trimmed_planned.json"
   fi
   for name in "${trimmed_runs[@]}"; do
     rm -rf "/tmp/fp8-$name"
-    timeout 240 $v train --config full --data /tmp/trim-data --recipe "$out/$name.json" --steps "$steps" --seed 0 \
+    timeout 240 $v train --config full --data /tmp/trim-data --recipe "$work/$name.json" --steps "$steps" --seed 0 \
       --timing-warmup "$timing_warmup" --max-memory "$budget" --out "/tmp/fp8-$name" --no-progress --log-every 5 \
-      --no-save >"$out/train_$name.log" 2>&1
-    echo "$(el) $name exit $?: $(tail -1 "$out/train_$name.log")"
-    cp "/tmp/fp8-$name/run.json" "$out/run_$name.json" 2>/dev/null
+      --no-save >"$work/train_$name.log" 2>&1
+    echo "$(el) $name exit $?: $(tail -1 "$work/train_$name.log")"
+    cp "/tmp/fp8-$name/run.json" "$work/run_$name.json" 2>/dev/null
   done
-  python3 - "$out" "${trimmed_runs[@]}" <<'PY'
+  python3 - "$work" "${trimmed_runs[@]}" <<'PY' | tee "$work/trimmed.md"
 import json, os, sys
 out = sys.argv[1]
 for name in sys.argv[2:]:
@@ -142,21 +145,21 @@ for name in sys.argv[2:]:
 PY
 fi
 
-if [ "${GATE_STEPS:-0}" -gt 0 ] && [ -f "$out/planned.json" ]; then
-  echo '{"schema": "vlatune.recipe/1", "data": {"trim_text": false}}' >"$out/bf16.json"
+if [ "${GATE_STEPS:-0}" -gt 0 ] && [ -f "$work/planned.json" ]; then
+  echo '{"schema": "vlatune.recipe/1", "data": {"trim_text": false}}' >"$work/bf16.json"
   for name in planned bf16; do
     rm -rf "/tmp/gate-$name"
-    timeout 400 $v train --config full --data synthetic --recipe "$out/$name.json" --steps "$GATE_STEPS" \
+    timeout 400 $v train --config full --data synthetic --recipe "$work/$name.json" --steps "$GATE_STEPS" \
       --warmup-steps 20 --seed 0 --timing-warmup 3 --out "/tmp/gate-$name" --no-progress --log-every 50 --no-save \
-      >"$out/gate_$name.log" 2>&1
-    echo "$(el) gate run $name exit $?: $(tail -1 "$out/gate_$name.log")"
+      >"$work/gate_$name.log" 2>&1
+    echo "$(el) gate run $name exit $?: $(tail -1 "$work/gate_$name.log")"
   done
   $v check --numerics --curve-loss-only --baseline /tmp/gate-bf16/run.json --candidate /tmp/gate-planned/run.json \
-    >"$out/numerics.txt" 2>&1
-  echo "numerics gate exit $?"; tail -5 "$out/numerics.txt"
+    >"$work/numerics.txt" 2>&1
+  echo "numerics gate exit $?"; tail -5 "$work/numerics.txt"
 fi
 
-python3 - "$out" <<'PY'
+python3 - "$work" <<'PY' | tee "$work/table.md"
 import json, os, sys
 out = sys.argv[1]
 def load(p):
@@ -181,4 +184,7 @@ for name in ("planned", "shipped", "shipped_plus"):
     print(f"| {name} | {len(r.get('recompute', {}).get('modules', []))} | {len(r.get('fp8', {}).get('modules', []))} | "
           f"{f(p_sps)} | {f(sps)} | {err} | {f(pred.get('peak_gib'))} | {f(run.get('peak_gib') if run else None)} | {vs} |")
 PY
+for f in table.md trimmed.md profile.json planned.json plan.txt numerics.txt run_planned.json run_shipped.json; do
+  [ -f "$work/$f" ] && cp "$work/$f" "$out/"
+done
 echo "$(el) done"
