@@ -29,11 +29,13 @@ constexpr int kWarpRows = 4;
 constexpr int kWarpMaxIters = 8;
 // Backward: one warp per row up to kBwdWarpMaxIters vectors per lane (SigLIP's 4.5), as many blocks as are resident;
 // wider rows the block kernel's grid-stride loop (norm_detail::bwd_blocks). The block-per-row kernel ran SigLIP's
-// shape at 121 us per call in the step (1.25 TB/s), the warp kernel at 87 (bench/RESULTS.md, seventh session). With
-// the row's sums held in registers across the second pass three blocks per SM stay resident (168 registers, 116 bytes
-// per thread spilled at SigLIP's width; 255 registers without the cap).
+// shape at 121 us per call in the step (1.25 TB/s), the warp kernel at 87 with the weight/bias sums in registers
+// (bench/RESULTS.md, seventh session): 80 accumulators per lane at SigLIP's width capped it at three blocks per SM
+// with spills. The sums live in the warp's shared-memory slice instead (each lane updates only its own columns, so
+// no barrier): four blocks per SM at 128 registers without spills, 0.080 -> 0.061 ms per call at SigLIP's batch-32
+// shape (scripts/dev/layer-norm-ab-gpu.sh; five or six blocks spill and ran 0.083 and 0.116, three 0.064).
 constexpr int kBwdWarpMaxIters = 5;
-constexpr int kBwdWarpMinBlocks = 3;
+constexpr int kBwdWarpMinBlocks = 4;
 
 // The warp kernels' vectors per lane for this width: forward 2, 4, 5 or kWarpMaxIters; backward 2, 4 or
 // kBwdWarpMaxIters; 0 when the block kernel runs it.
@@ -207,25 +209,40 @@ __global__ void __launch_bounds__(kMaxThreads) layer_norm_bwd_kernel(const Layer
   store_column_partials(partial + p.width, nvec, acc_b);
 }
 
-// One warp per row, kWarpRows rows per block in flight, no barrier per row (tiles: above). Each lane keeps its
-// columns' weight/bias sums in registers, so the second pass reads the row again (L1/L2 hits) instead of holding it
-// across the reduction. At the end the block's warps add their sums in shared memory in warp order (deterministic)
-// and write one [2, width] partial per block, as the block kernel does.
+// One warp per row, kWarpRows rows per block in flight, no barrier per row (tiles: above). Each lane adds its
+// columns' weight/bias terms into its warp's slice of shared memory, row after row in the warp's row order; the
+// second pass reads the row again (L1/L2 hits) instead of holding it across the reduction. At the end the block's
+// warps add their sums in warp order (deterministic) and write one [2, width] partial per block, as the block kernel
+// does.
+//
+// A warp's slice holds [2][V / 4][nvec] float4s: the weight sums, then the bias sums, each vector j's V columns as
+// V / 4 float4s nvec apart, so that a warp's lanes read and write consecutive 16-byte words (no bank conflicts).
+template <int V>
+__device__ __forceinline__ int column_sum_chunk(int nvec, int bias, int chunk, int j) {
+  return (bias * (V / 4) + chunk) * nvec + j;
+}
+
 template <typename T, int ITERS>
 __global__ void __launch_bounds__(kWarpRows * 32, kBwdWarpMinBlocks)
     layer_norm_bwd_warp_kernel(const LayerNormBwdParams p) {
   constexpr int V = kVec<T>;
-  extern __shared__ float warp_sums[];  // [kWarpRows][2][width]
+  static_assert(V % 4 == 0, "a vector's columns are whole float4s");
+  extern __shared__ float4 warp_sums[];  // per warp: [2][V / 4][nvec] float4 (column_sum_chunk)
   const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
   const int nvec = static_cast<int>(p.width / V);
   const float inv_width = 1.f / static_cast<float>(p.width);
   const T* h_all = static_cast<const T*>(p.h);
   const T* gy_all = static_cast<const T*>(p.grad_y);
-  float acc_w[ITERS][V], acc_b[ITERS][V];
+  float4* mine = warp_sums + warp * 2 * nvec * (V / 4);
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
+    const int j = it * 32 + lane;
+    if (j >= nvec) continue;
 #pragma unroll
-    for (int k = 0; k < V; ++k) acc_w[it][k] = acc_b[it][k] = 0.f;
+    for (int bias = 0; bias < 2; ++bias) {
+#pragma unroll
+      for (int chunk = 0; chunk < V / 4; ++chunk) mine[column_sum_chunk<V>(nvec, bias, chunk, j)] = float4{};
+    }
   }
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpRows;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpRows + warp; row < p.rows; row += warps) {
@@ -248,14 +265,23 @@ __global__ void __launch_bounds__(kWarpRows * 32, kBwdWarpMinBlocks)
         float w[V];
         load_param_vec<T, V>(p.weight, p.weight_t, j, w);
 #pragma unroll
-        for (int k = 0; k < V; ++k) {
-          const float n = (to_float(hp[it].v[k]) - mean) * rstd;
-          const float gy = to_float(gp[it].v[k]);
-          const float g = gy * w[k];
-          acc_w[it][k] += gy * n;
-          acc_b[it][k] += gy;
-          sum_g += g;
-          dot += g * n;
+        for (int chunk = 0; chunk < V / 4; ++chunk) {
+          float4& acc_w = mine[column_sum_chunk<V>(nvec, 0, chunk, j)];
+          float4& acc_b = mine[column_sum_chunk<V>(nvec, 1, chunk, j)];
+          float aw[4] = {acc_w.x, acc_w.y, acc_w.z, acc_w.w}, ab[4] = {acc_b.x, acc_b.y, acc_b.z, acc_b.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int k = chunk * 4 + e;
+            const float n = (to_float(hp[it].v[k]) - mean) * rstd;
+            const float gy = to_float(gp[it].v[k]);
+            const float g = gy * w[k];
+            aw[e] += gy * n;
+            ab[e] += gy;
+            sum_g += g;
+            dot += g * n;
+          }
+          acc_w = make_float4(aw[0], aw[1], aw[2], aw[3]);
+          acc_b = make_float4(ab[0], ab[1], ab[2], ab[3]);
         }
       }
     }
@@ -282,23 +308,18 @@ __global__ void __launch_bounds__(kWarpRows * 32, kBwdWarpMinBlocks)
       store_pack(static_cast<T*>(p.grad_x) + base, j, out);
     }
   }
-  float* mine = warp_sums + static_cast<int64_t>(warp) * 2 * p.width;
-#pragma unroll
-  for (int it = 0; it < ITERS; ++it) {
-    const int j = it * 32 + lane;
-    if (j >= nvec) continue;
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      mine[j * V + k] = acc_w[it][k];
-      mine[p.width + j * V + k] = acc_b[it][k];
-    }
-  }
   __syncthreads();
   float* partial = p.weight_partials + static_cast<int64_t>(blockIdx.x) * 2 * p.width;
   for (int64_t c = threadIdx.x; c < 2 * p.width; c += blockDim.x) {
+    const int bias = static_cast<int>(c / p.width), column = static_cast<int>(c % p.width);
+    const int j = column / V, k = column % V;
+    const int chunk = column_sum_chunk<V>(nvec, bias, k / 4, j);
     float sum = 0.f;
 #pragma unroll
-    for (int w = 0; w < kWarpRows; ++w) sum += warp_sums[w * 2 * p.width + c];
+    for (int w = 0; w < kWarpRows; ++w) {
+      const float4 s = warp_sums[w * 2 * nvec * (V / 4) + chunk];
+      sum += k % 4 == 0 ? s.x : k % 4 == 1 ? s.y : k % 4 == 2 ? s.z : s.w;
+    }
     partial[c] = sum;
   }
 }
