@@ -27,6 +27,8 @@ extern "C" void base_quantize(const void* p) {
 #include <functional>
 #include <vector>
 
+#include "scripts/dev/harness.cuh"
+
 namespace k = vlatune::kernels;
 
 extern "C" void base_geglu_quantize(const void* p);
@@ -35,19 +37,6 @@ extern "C" void base_quantize(const void* p);
 
 namespace {
 
-__global__ void fill_kernel(void* x, int64_t n, bool bf16, uint32_t seed, float amplitude) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 13;
-    h *= 0x5bd1e995u;
-    h ^= h >> 15;
-    const float v = ((h & 0xffff) / 65535.f - 0.5f) * amplitude;
-    if (bf16)
-      static_cast<__nv_bfloat16*>(x)[i] = __float2bfloat16(v);
-    else
-      static_cast<float*>(x)[i] = v;
-  }
-}
 __global__ void count_different(const uint8_t* a, const uint8_t* b, int64_t n, unsigned long long* out) {
   unsigned long long c = 0;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
@@ -55,19 +44,10 @@ __global__ void count_different(const uint8_t* a, const uint8_t* b, int64_t n, u
   atomicAdd(out, c);
 }
 
-void check_cuda(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return;
-  std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-  std::exit(2);
-}
-void* device_zeros(int64_t bytes) {
-  void* p = nullptr;
-  check_cuda(cudaMalloc(&p, bytes), "cudaMalloc");
-  check_cuda(cudaMemset(p, 0, bytes), "cudaMemset");
-  return p;
-}
+using harness::check_cuda;
+using harness::device_zeros;
 void fill(void* x, int64_t n, bool bf16, uint32_t seed, float amplitude) {
-  fill_kernel<<<4096, 256>>>(x, n, bf16, seed, amplitude);
+  harness::fill(x, n, bf16, seed, 0.f, amplitude);
 }
 unsigned long long bytes_different(const void* a, const void* b, int64_t n) {
   auto* d = static_cast<unsigned long long*>(device_zeros(8));

@@ -29,6 +29,8 @@ extern "C" long long LAYER_NORM_AB_CAT(LAYER_NORM_AB_API, _bwd_blocks)(int bf16,
 #include <string>
 #include <vector>
 
+#include "scripts/dev/harness.cuh"
+
 namespace k = vlatune::kernels;
 
 #ifndef LAYER_NORM_AB_X
@@ -55,39 +57,10 @@ const std::vector<Build> kBuilds = {
 #undef X
 };
 
-__global__ void fill_kernel(void* x, int64_t n, bool bf16, uint32_t seed, float offset, float amplitude) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 13;
-    h *= 0x5bd1e995u;
-    h ^= h >> 15;
-    const float v = offset + ((h & 0xffff) / 65535.f - 0.5f) * amplitude;
-    if (bf16)
-      static_cast<__nv_bfloat16*>(x)[i] = __float2bfloat16(v);
-    else
-      static_cast<float*>(x)[i] = v;
-  }
-}
+using harness::check_cuda;
+using harness::device_zeros;
+using harness::fill;
 
-void fill(void* x, int64_t n, bool bf16, uint32_t seed, float offset, float amplitude) {
-  const unsigned blocks = n >= 65536 ? 4096 : 64;
-  // clang-format reads this file as C++03 and would split the launch's >>>.
-  // clang-format off
-  fill_kernel<<<blocks, 256>>>(x, n, bf16, seed, offset, amplitude);
-  // clang-format on
-}
-
-void check_cuda(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return;
-  std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-  std::exit(2);
-}
-void* device_zeros(int64_t bytes) {
-  void* p = nullptr;
-  check_cuda(cudaMalloc(&p, bytes), "cudaMalloc");
-  check_cuda(cudaMemset(p, 0, bytes), "cudaMemset");
-  return p;
-}
 template <typename T>
 std::vector<T> to_host(const void* d, int64_t count) {
   std::vector<T> h(static_cast<size_t>(count));
