@@ -90,6 +90,7 @@ static int run_forward(const ForwardOptions& o, Context& ctx) {
   fo.prune_slots = !o.no_prune;
   fo.trim_text = !o.no_trim;
   fo.skip_dead = !o.no_skip_dead;
+  fo.skip_padded_rows = !o.no_skip_dead;
   fo.attention = o.attention == "materialized" ? model::Attention::kMaterialized : model::Attention::kLean;
   fo.loss_action_dim = o.action_dim;
 
@@ -135,7 +136,8 @@ void setup_forward(CLI::App& app, Context& ctx) {
   cmd->add_option("--device", opts->device, "auto: GPU when visible")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_flag("--no-prune", opts->no_prune, "Keep camera slots that are masked for the whole batch");
   cmd->add_flag("--no-trim", opts->no_trim, "Keep text padding");
-  cmd->add_flag("--no-skip-dead", opts->no_skip_dead, "Run the last layer's dead prefix work");
+  cmd->add_flag("--no-skip-dead", opts->no_skip_dead,
+                "Run the dead prefix work (the last layer's, the padded rows' MLPs)");
   cmd->add_option("--attention", opts->attention, "lean (SDPA) or materialized (reference)")
       ->check(CLI::IsMember({"lean", "materialized"}));
   cmd->add_option("--action-dim", opts->action_dim, "Loss over the first N action dims (LeRobot: real dims)")

@@ -596,7 +596,8 @@ struct TimedChoice {
   Fp8TimedGemm record;
   cublasLtMatmulAlgo_t algo{};
 };
-// A GEMM problem as cuBLASLt sees it: device, m, n, k, lda, ldb, the dtypes of A, B and D, fast accumulation, bias.
+// A GEMM problem as cuBLASLt sees it: device, m, n, k, lda, ldb (each through size_bucket), the dtypes of A, B and
+// D, fast accumulation, bias.
 using ProblemKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, bool, bool>;
 struct TimedGemms {
   std::mutex mutex;
@@ -609,6 +610,15 @@ TimedGemms& timed_gemms_state() {
 }
 
 constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
+
+// The prefix MLPs run on each batch's live rows (model::live_prefix_rows), so a dimension that counts rows changes
+// from step to step; timing every new row count would synchronize the device in every step. Dimensions of 8192 or
+// more are keyed by their multiple of 2048 instead: a new row count reuses its bucket's choice (cuBLASLt checks
+// that the algorithm takes the problem; a refusal falls back to at::_scaled_mm). The model's own widths up to
+// 16384 are multiples of 2048 or below 8192, so they keep their exact key.
+int64_t size_bucket(int64_t x) {
+  return x >= 8192 ? (x + 2047) / 2048 * 2048 : x;
+}
 
 // The median of three runs after one warm-up, on the stream; +inf when cuBLASLt refuses the candidate.
 float time_candidate(const std::function<cublasStatus_t()>& run, cudaStream_t stream) {
@@ -657,11 +667,11 @@ at::Tensor timed_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::T
                           gemm.d, y.data_ptr(), gemm.d, &algo, workspace.data_ptr(), kLtWorkspaceBytes, stream);
   };
   const ProblemKey key{a.get_device(),
-                       n,
-                       m,
-                       k,
-                       lda,
-                       ldb,
+                       size_bucket(n),
+                       size_bucket(m),
+                       size_bucket(k),
+                       size_bucket(lda),
+                       size_bucket(ldb),
                        static_cast<int>(b.scalar_type()),
                        static_cast<int>(a.scalar_type()),
                        static_cast<int>(out_dtype),

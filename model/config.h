@@ -62,6 +62,12 @@ struct ForwardOptions {
   // Skip the last layer's dead prefix work (prefix q_proj, prefix attention rows, prefix o_proj, pre-FFN norm,
   // MLP, final prefix norm): none of it reaches the loss. Call Pi05Impl::fill_missing_grads() after backward.
   bool skip_dead = true;
+  // Run the backbone's prefix MLPs on the live prefix rows only (valid image and text positions, padded up to
+  // live_row_multiple with dead ones): a padded text row is never a key and never reaches the loss, so its MLP
+  // output is dead work (exact for the loss and every gradient; the rows left out get a zero MLP output, and FP8
+  // scales are taken over the rows that run). One host sync per forward for the row count.
+  bool skip_padded_rows = true;
+  int64_t live_row_multiple = 64;
   Attention attention = Attention::kLean;
   // The kernels of the lean attention on CUDA (the recipe's model_options.attention_backend).
   kernels::AttentionBackend attention_backend = kernels::AttentionBackend::kAuto;

@@ -1,5 +1,9 @@
 #include "model/gemma.h"
 
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
 #include "model/float8_linear.h"
 #include "model/merged_gemm.h"
 #include "model/recompute.h"
@@ -25,7 +29,61 @@ std::vector<torch::Tensor> concat(std::vector<torch::Tensor> a, const std::vecto
   a.insert(a.end(), b.begin(), b.end());
   return a;
 }
+
+// [n, w] with rows[i] -> row i of `src`, every other row zero (rows distinct: no atomics, no sums).
+torch::Tensor spread_rows(const torch::Tensor& src, const torch::Tensor& rows, int64_t n) {
+  return torch::zeros({n, src.size(-1)}, src.options()).index_copy_(0, rows, src);
+}
+
+// The live rows of x [.., w] as [R, w]; backward spreads the gradient back (zero for the rows left out). ATen's
+// index_select backward would index_add with atomics.
+struct GatherRowsFn : public torch::autograd::Function<GatherRowsFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& rows) {
+    ctx->save_for_backward({rows});
+    ctx->saved_data["sizes"] = x.sizes().vec();
+    return x.reshape({-1, x.size(-1)}).index_select(0, rows);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto sizes = ctx->saved_data["sizes"].toIntVector();
+    const torch::Tensor rows = ctx->get_saved_variables()[0];
+    const int64_t n = c10::multiply_integers(sizes) / sizes.back();
+    return {spread_rows(grads[0].contiguous(), rows, n).view(sizes), torch::Tensor()};
+  }
+};
+
+// The inverse: y [R, w] spread into shape `sizes`, zeros elsewhere; backward gathers the live rows' gradient.
+struct SpreadRowsFn : public torch::autograd::Function<SpreadRowsFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& y, const torch::Tensor& rows,
+                               std::vector<int64_t> sizes) {
+    ctx->save_for_backward({rows});
+    const int64_t n = c10::multiply_integers(sizes) / sizes.back();
+    return spread_rows(y.contiguous(), rows, n).view(sizes);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::Tensor rows = ctx->get_saved_variables()[0];
+    const torch::Tensor g = grads[0].contiguous();
+    return {g.view({-1, g.size(-1)}).index_select(0, rows), torch::Tensor(), torch::Tensor()};
+  }
+};
 }  // namespace
+
+torch::Tensor live_prefix_rows(const torch::Tensor& prefix_valid, int64_t multiple) {
+  if (!prefix_valid.defined() || prefix_valid.dim() != 2 || prefix_valid.scalar_type() != torch::kBool)
+    throw std::invalid_argument("live_prefix_rows: prefix_valid must be a [B, P] bool tensor");
+  if (multiple < 1)
+    throw std::invalid_argument("live_prefix_rows: multiple must be positive, got " + std::to_string(multiple));
+  const torch::Tensor flat = prefix_valid.reshape({-1});
+  const int64_t n = flat.size(0);
+  const int64_t valid = flat.sum().item<int64_t>();
+  const int64_t live = std::min(n, (valid + multiple - 1) / multiple * multiple);
+  if (live >= n) return torch::Tensor();
+  // Valid rows first, then padded ones, each in row order (a stable sort on "is padded").
+  const auto order = at::sort(flat.logical_not().to(torch::kUInt8), /*stable=*/std::optional<bool>(true), /*dim=*/0);
+  return std::get<1>(order).narrow(0, 0, live);
+}
 
 torch::Tensor merged_gemm(const torch::Tensor& x, std::initializer_list<const LinearImpl*> members,
                           kernels::MergedRebuild* rebuild) {
@@ -308,9 +366,11 @@ std::vector<torch::Tensor> joint_layer(GemmaDecoderLayerImpl& prefix, GemmaDecod
   // Prefix: plain residuals, the attention residual inside the pre-FFN RMSNorm. np.h: hp through the pre-attention
   // norm, whose backward kernel then adds this norm's gradient of hp (fused path).
   NormOutput np2 = prefix.residual_pre_ffn_norm(np.h, attn[0], torch::Tensor(), torch::Tensor(), path);
-  torch::Tensor hp_out =
-      np2.h + run_mlp(*prefix.mlp, np2.y, options.recompute_prefix_mlp, options.recompute_prefix_gate_up);
-  return {hp_out, hs_out};
+  const torch::Tensor& live = in.live_prefix_rows;
+  const torch::Tensor mlp_in = live.defined() ? GatherRowsFn::apply(np2.y, live) : np2.y;
+  torch::Tensor mlp_out = run_mlp(*prefix.mlp, mlp_in, options.recompute_prefix_mlp, options.recompute_prefix_gate_up);
+  if (live.defined()) mlp_out = SpreadRowsFn::apply(mlp_out, live, np2.h.sizes().vec());
+  return {np2.h + mlp_out, hs_out};
 }
 
 }  // namespace vlatune::model

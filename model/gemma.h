@@ -88,7 +88,15 @@ struct JointInputs {
   // Set (fused, lean, kernels::varlen_attention_supported): the mask as varlen sequences, for layers with prefix
   // queries and for the last layer's suffix queries alone; the attention then reads no mask tensor.
   std::shared_ptr<const kernels::VarlenLayout> varlen_joint, varlen_suffix;
+  // Set (ForwardOptions::skip_padded_rows): int64 [R], the flattened [B * P] prefix rows the prefix MLPs run on
+  // (live_prefix_rows); the MLP output of every other row is zero.
+  torch::Tensor live_prefix_rows;
 };
+
+// The prefix rows worth an MLP: every valid row of `prefix_valid` ([B, P] bool) in order, then the first padded
+// rows up to a multiple of `multiple` (whole GEMM tiles; dead rows, distinct). Undefined when that leaves out no
+// row. Reads the valid count on the host (one sync).
+torch::Tensor live_prefix_rows(const torch::Tensor& prefix_valid, int64_t multiple);
 
 // RoPE tables for positions [B, N]: theta_i = pos / 10000^(2i/head_dim), i < head_dim/2, in `math`.
 std::pair<torch::Tensor, torch::Tensor> rope_tables(const torch::Tensor& positions, int64_t head_dim,

@@ -335,6 +335,7 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
   auto allowed = block.unsqueeze(0) <= block.unsqueeze(1);  // [query, key]
   auto eye = torch::eye(n, torch::TensorOptions().dtype(torch::kBool).device(device));
   joint.mask = ((allowed.unsqueeze(0) & valid.unsqueeze(1)) | eye).unsqueeze(1);
+  if (options.skip_padded_rows) joint.live_prefix_rows = live_prefix_rows(pmask, options.live_row_multiple);
   auto positions = valid.to(torch::kLong).cumsum(1) - 1;
   std::tie(joint.cos, joint.sin) = rope_tables(positions, cfg_.backbone.head_dim, md);
   if (joint.fused && joint.attention == Attention::kLean &&
@@ -366,13 +367,14 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
       const bool fused = joint.fused;
       std::vector<torch::Tensor> inputs{hp, hs, joint.cond, joint.cos, joint.sin, joint.mask};
       result = recompute(
-          [lp, le, mode, fused, layer_options, varlen_joint = joint.varlen_joint,
-           varlen_suffix = joint.varlen_suffix](const std::vector<torch::Tensor>& in) {
+          [lp, le, mode, fused, layer_options, varlen_joint = joint.varlen_joint, varlen_suffix = joint.varlen_suffix,
+           live = joint.live_prefix_rows](const std::vector<torch::Tensor>& in) {
             JointInputs j;
             j.attention = mode;
             j.fused = fused;
             j.varlen_joint = varlen_joint;
             j.varlen_suffix = varlen_suffix;
+            j.live_prefix_rows = live;
             j.cond = in[2];
             j.cos = in[3];
             j.sin = in[4];

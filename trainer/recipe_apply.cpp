@@ -134,6 +134,7 @@ AppliedRecipe apply_recipe(const formats::Recipe& recipe, const std::string& fil
   // 3. Model options. Parameters in bf16 on the GPU ("bf16": parameters and AdamW state in bf16) or fp32
   // ("fp32-master" on the GPU: fp32 master weights in the optimizer, bf16 compute; the CPU computes in fp32).
   out.forward.skip_dead = effective.model_options.skip_dead;
+  out.forward.skip_padded_rows = effective.model_options.skip_dead;
   out.forward.attention = effective.model_options.attention == formats::Attention::kMaterialized
                               ? model::Attention::kMaterialized
                               : model::Attention::kLean;

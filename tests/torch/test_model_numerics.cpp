@@ -230,3 +230,76 @@ TEST_CASE("The loss can be restricted to the real action dims", "[model]") {
   seven.loss_action_dim = 33;
   CHECK_THROWS_AS(model.forward(b, seven), std::invalid_argument);
 }
+
+TEST_CASE("live_prefix_rows lists the valid rows, then padded ones up to the multiple", "[model]") {
+  // Rows of [2, 4]: sample 0 valid at 0, 1; sample 1 valid at 4, 6 (row 5 padded inside, row 7 after).
+  const auto valid = torch::tensor({1, 1, 0, 0, 1, 0, 1, 0}, torch::kBool).view({2, 4});
+  const torch::Tensor exact = live_prefix_rows(valid, 1);
+  REQUIRE(exact.defined());
+  CHECK(torch::equal(exact, torch::tensor({0, 1, 4, 6}, torch::kLong)));
+  const torch::Tensor tiles = live_prefix_rows(valid, 3);  // 4 valid -> 6 rows: the first two padded ones added
+  REQUIRE(tiles.defined());
+  CHECK(torch::equal(tiles, torch::tensor({0, 1, 4, 6, 2, 3}, torch::kLong)));
+  CHECK_FALSE(live_prefix_rows(valid, 8).defined());  // rounding up leaves out nothing
+  CHECK_FALSE(live_prefix_rows(torch::ones({2, 4}, torch::kBool), 1).defined());
+  CHECK_THROWS_WITH(live_prefix_rows(valid, 0), Catch::Contains("multiple must be positive, got 0"));
+  CHECK_THROWS_WITH(live_prefix_rows(valid.to(torch::kLong), 1), Catch::Contains("[B, P] bool"));
+}
+
+TEST_CASE("The prefix MLPs on the live rows only: same loss and gradients, zero MLP output on the rows left out",
+          "[model]") {
+  const auto kernels = GENERATE(Kernels::kReference, Kernels::kFused);
+  const auto dtype = kernels == Kernels::kReference ? torch::kFloat64 : torch::kFloat32;
+  const int64_t multiple = GENERATE(1, 8);
+  INFO("fused " << (kernels == Kernels::kFused) << ", multiple " << multiple);
+  Pi05Impl model(Pi05Config::tiny(), torch::kCPU, dtype);
+  init_weights(model, 13);
+  auto b = numerics_batch(6, dtype);
+  ForwardOptions all_rows, live;
+  all_rows.kernels = live.kernels = kernels;
+  all_rows.skip_padded_rows = false;
+  live.live_row_multiple = multiple;
+  auto [loss_all, grads_all] = loss_and_grads(model, b, all_rows);
+  auto [loss_live, grads_live] = loss_and_grads(model, b, live);
+  const double tol = dtype == torch::kFloat64 ? 1e-12 : 2e-6;
+  CHECK(rel_diff(loss_live, loss_all) < tol);
+  double largest = 0.0;
+  for (const auto& item : grads_all) largest = std::max(largest, item.second.abs().max().item<double>());
+  auto check_grads = [&](std::map<std::string, torch::Tensor>& got, const std::map<std::string, torch::Tensor>& want) {
+    for (const auto& [name, g] : want) {
+      INFO(name);
+      if (name.find("self_attn.k_proj.bias") != std::string::npos)  // zero in exact arithmetic: noise only
+        CHECK(got[name].abs().max().item<double>() <= tol * largest);
+      else
+        CHECK(rel_diff(got[name], g) < tol);
+    }
+  };
+  check_grads(grads_live, grads_all);
+  // Recomputed (the prefix MLP, its gate+up output, the whole joint layer): the same live rows again.
+  const std::string layer0 = "paligemma_with_expert.paligemma.model.language_model.layers.0";
+  for (const std::string& unit : {layer0 + ".mlp", layer0 + ".mlp.gate_proj+up_proj", layer0}) {
+    INFO("recompute " << unit);
+    model.set_recompute({unit});
+    auto [loss_r, grads_r] = loss_and_grads(model, b, live);
+    CHECK(rel_diff(loss_r, loss_live) < tol);
+    check_grads(grads_r, grads_live);
+  }
+  model.set_recompute({});
+  // Layer 0's output: equal on the valid rows; the padded rows left out lack the MLP output, so they differ.
+  all_rows.keep_prefix_states = live.keep_prefix_states = true;
+  torch::NoGradGuard no_grad;
+  const auto states_all = model.forward(b, all_rows).prefix_states.at(1);
+  const auto states_live = model.forward(b, live).prefix_states.at(1);
+  // The prefix as the forward assembles it: slot 2 (masked in both samples) pruned, 4 tokens per image, the text.
+  const int64_t per_image = 4;
+  const auto images = b.image_masks.narrow(1, 0, 2).unsqueeze(-1).expand({2, 2, per_image}).reshape({2, 2 * per_image});
+  const auto valid = torch::cat({images, b.token_masks.narrow(1, 0, states_all.size(1) - 2 * per_image)}, 1);
+  REQUIRE(valid.sizes() == states_all.sizes().slice(0, 2));
+  const auto rows_all = states_all.reshape({-1, states_all.size(-1)});
+  const auto rows_live = states_live.reshape({-1, states_live.size(-1)});
+  const auto valid_rows = valid.reshape({-1}).nonzero().squeeze(1);
+  const auto padded_rows = valid.reshape({-1}).logical_not().nonzero().squeeze(1);
+  REQUIRE(padded_rows.size(0) > multiple);  // some padded rows are left out at either multiple
+  CHECK(rel_diff(rows_live.index_select(0, valid_rows), rows_all.index_select(0, valid_rows)) < tol);
+  CHECK_FALSE(torch::allclose(rows_live.index_select(0, padded_rows), rows_all.index_select(0, padded_rows)));
+}
