@@ -70,14 +70,18 @@ struct SpreadRowsFn : public torch::autograd::Function<SpreadRowsFn> {
 };
 }  // namespace
 
-torch::Tensor live_prefix_rows(const torch::Tensor& prefix_valid, int64_t multiple) {
+torch::Tensor live_prefix_rows(const torch::Tensor& prefix_valid, int64_t multiple,
+                               std::optional<int64_t> valid_count) {
   if (!prefix_valid.defined() || prefix_valid.dim() != 2 || prefix_valid.scalar_type() != torch::kBool)
     throw std::invalid_argument("live_prefix_rows: prefix_valid must be a [B, P] bool tensor");
   if (multiple < 1)
     throw std::invalid_argument("live_prefix_rows: multiple must be positive, got " + std::to_string(multiple));
   const torch::Tensor flat = prefix_valid.reshape({-1});
   const int64_t n = flat.size(0);
-  const int64_t valid = flat.sum().item<int64_t>();
+  const int64_t valid = valid_count ? *valid_count : flat.sum().item<int64_t>();
+  if (valid < 0 || valid > n)
+    throw std::invalid_argument("live_prefix_rows: valid_count " + std::to_string(valid) + " is outside [0, " +
+                                std::to_string(n) + "]");
   const int64_t live = std::min(n, (valid + multiple - 1) / multiple * multiple);
   if (live >= n) return torch::Tensor();
   // Valid rows first, then padded ones, each in row order (a stable sort on "is padded").

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "kernels/varlen_attention.h"
@@ -95,8 +96,9 @@ struct JointInputs {
 
 // The prefix rows worth an MLP: every valid row of `prefix_valid` ([B, P] bool) in order, then the first padded
 // rows up to a multiple of `multiple` (whole GEMM tiles; dead rows, distinct). Undefined when that leaves out no
-// row. Reads the valid count on the host (one sync).
-torch::Tensor live_prefix_rows(const torch::Tensor& prefix_valid, int64_t multiple);
+// row. `valid_count`: prefix_valid.sum() where the caller knows it on the host; unset, it is read back (a sync).
+torch::Tensor live_prefix_rows(const torch::Tensor& prefix_valid, int64_t multiple,
+                               std::optional<int64_t> valid_count = std::nullopt);
 
 // RoPE tables for positions [B, N]: theta_i = pos / 10000^(2i/head_dim), i < head_dim/2, in `math`.
 std::pair<torch::Tensor, torch::Tensor> rope_tables(const torch::Tensor& positions, int64_t head_dim,

@@ -335,7 +335,22 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
   auto allowed = block.unsqueeze(0) <= block.unsqueeze(1);  // [query, key]
   auto eye = torch::eye(n, torch::TensorOptions().dtype(torch::kBool).device(device));
   joint.mask = ((allowed.unsqueeze(0) & valid.unsqueeze(1)) | eye).unsqueeze(1);
-  if (options.skip_padded_rows) joint.live_prefix_rows = live_prefix_rows(pmask, options.live_row_multiple);
+  if (options.skip_padded_rows) {
+    // From the batch's summary where its maker knows the counts (no host sync); pruned slots and trimmed text
+    // columns hold no valid entry, so the counts are the shortcut batch's too.
+    std::optional<int64_t> valid_count;
+    if (shortcut.valid_images && shortcut.valid_tokens) {
+      auto check = [](const char* name, int64_t value, int64_t most) {
+        if (value < 0 || value > most)
+          throw std::invalid_argument(std::string("Pi05: the batch's ") + name + " " + std::to_string(value) +
+                                      " is outside [0, " + std::to_string(most) + "]");
+      };
+      check("valid_images", *shortcut.valid_images, b * slots);
+      check("valid_tokens", *shortcut.valid_tokens, tokens.numel());
+      valid_count = (slots > 0 ? *shortcut.valid_images * cfg_.vision.tokens_per_image() : 0) + *shortcut.valid_tokens;
+    }
+    joint.live_prefix_rows = live_prefix_rows(pmask, options.live_row_multiple, valid_count);
+  }
   auto positions = valid.to(torch::kLong).cumsum(1) - 1;
   std::tie(joint.cos, joint.sin) = rope_tables(positions, cfg_.backbone.head_dim, md);
   if (joint.fused && joint.attention == Attention::kLean &&

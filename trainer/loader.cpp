@@ -217,9 +217,15 @@ model::Pi05Batch DatasetLoader::next(int64_t step, double* wait_ms) {
   b.used_slots.emplace();
   for (int64_t s = 0; s < options_.slots; ++s) b.used_slots->push_back(s < l.cameras);
   const int32_t* host_lengths = slot.lengths.data_ptr<int32_t>();
-  int64_t longest = 0;
-  for (int64_t i = 0; i < batch_; ++i) longest = std::max<int64_t>(longest, host_lengths[i]);
-  b.text_used = std::min<int64_t>(l.text_len, longest);
+  int64_t longest = 0, tokens_total = 0;
+  for (int64_t i = 0; i < batch_; ++i) {
+    const int64_t length = std::min<int64_t>(l.text_len, host_lengths[i]);
+    longest = std::max(longest, length);
+    tokens_total += std::max<int64_t>(0, length);
+  }
+  b.text_used = longest;
+  b.valid_images = batch_ * std::min<int64_t>(l.cameras, options_.slots);
+  b.valid_tokens = tokens_total;
   {
     std::lock_guard<std::mutex> lock(gen_.mutex());
     gen_.set_current_seed(derive_seed(seed_, RngStream::kNoiseTime, static_cast<uint64_t>(step)));

@@ -128,7 +128,8 @@ model::Pi05Batch SyntheticSource::next(int64_t step, double* wait_ms) {
   b.image_masks = (torch::arange(slots, i64) < o.synthetic_cameras).unsqueeze(0).expand({batch_, slots}).contiguous();
   b.used_slots.emplace();
   for (int64_t s = 0; s < slots; ++s) b.used_slots->push_back(s < o.synthetic_cameras);
-  // text_used stays unset: the prompt lengths are drawn on the device.
+  // text_used and valid_tokens stay unset: the prompt lengths are drawn on the device.
+  b.valid_images = batch_ * std::min<int64_t>(o.synthetic_cameras, slots);
   b.images = torch::empty({batch_, slots, 3, side, side}, f32).uniform_(-1.0, 1.0, gen_);
   if (o.synthetic_cameras < slots)
     b.images.narrow(1, o.synthetic_cameras, slots - o.synthetic_cameras).fill_(-1.0);  // empty camera

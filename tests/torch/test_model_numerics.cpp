@@ -244,6 +244,8 @@ TEST_CASE("live_prefix_rows lists the valid rows, then padded ones up to the mul
   CHECK_FALSE(live_prefix_rows(torch::ones({2, 4}, torch::kBool), 1).defined());
   CHECK_THROWS_WITH(live_prefix_rows(valid, 0), Catch::Contains("multiple must be positive, got 0"));
   CHECK_THROWS_WITH(live_prefix_rows(valid.to(torch::kLong), 1), Catch::Contains("[B, P] bool"));
+  CHECK(torch::equal(live_prefix_rows(valid, 1, 4), exact));  // the count given: nothing read back
+  CHECK_THROWS_WITH(live_prefix_rows(valid, 1, 9), Catch::Contains("valid_count 9 is outside [0, 8]"));
 }
 
 TEST_CASE("The prefix MLPs on the live rows only: same loss and gradients, zero MLP output on the rows left out",
@@ -285,6 +287,21 @@ TEST_CASE("The prefix MLPs on the live rows only: same loss and gradients, zero 
     check_grads(grads_r, grads_live);
   }
   model.set_recompute({});
+  // The counts from the batch's summary (as a loader sets them): the same rows, read from no mask.
+  Pi05Batch summarized = b;
+  summarized.valid_images = b.image_masks.sum().item<int64_t>();
+  summarized.valid_tokens = b.token_masks.sum().item<int64_t>();
+  auto [loss_summarized, grads_summarized] = loss_and_grads(model, summarized, live);
+  CHECK(torch::equal(loss_summarized, loss_live));
+  for (const auto& [name, g] : grads_live) {
+    INFO(name);
+    CHECK(torch::equal(grads_summarized[name], g));
+  }
+  summarized.valid_tokens = -1;
+  CHECK_THROWS_WITH(model.forward(summarized, live), Catch::Contains("the batch's valid_tokens -1 is outside [0, "));
+  summarized.valid_tokens = b.token_masks.sum().item<int64_t>();
+  summarized.valid_images = 7;  // 2 samples x 2 kept slots
+  CHECK_THROWS_WITH(model.forward(summarized, live), Catch::Contains("the batch's valid_images 7 is outside [0, 4]"));
   // Layer 0's output: equal on the valid rows; the padded rows left out lack the MLP output, so they differ.
   all_rows.keep_prefix_states = live.keep_prefix_states = true;
   torch::NoGradGuard no_grad;

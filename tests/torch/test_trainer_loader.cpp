@@ -135,6 +135,10 @@ TEST_CASE("the loader gives identical batches for a seed and different ones for 
     for (int64_t s = 0; s < any.size(0); ++s) CHECK((*batch.used_slots)[static_cast<size_t>(s)] == any[s].item<bool>());
     REQUIRE(batch.text_used);
     CHECK(*batch.text_used == batch.token_masks.sum(1).max().item<int64_t>());
+    REQUIRE(batch.valid_images);
+    CHECK(*batch.valid_images == batch.image_masks.sum().item<int64_t>());
+    REQUIRE(batch.valid_tokens);
+    CHECK(*batch.valid_tokens == batch.token_masks.sum().item<int64_t>());
   }
 }
 
@@ -276,6 +280,9 @@ TEST_CASE("the synthetic source makes LIBERO-shaped batches on the device, repro
   CHECK(torch::equal(x.image_masks, torch::tensor({true, true, false}).expand({8, 3})));
   CHECK(x.used_slots == std::vector<bool>{true, true, false});
   CHECK_FALSE(x.text_used);  // the prompt lengths are drawn on the device
+  CHECK_FALSE(x.valid_tokens);
+  REQUIRE(x.valid_images);
+  CHECK(*x.valid_images == 16);
   const auto lengths = x.token_masks.sum(1);
   CHECK(lengths.min().item<int64_t>() >= 20);
   CHECK(lengths.max().item<int64_t>() <= 199);
