@@ -133,7 +133,7 @@ StepOutcome StepGraph::run(TrainingParts& parts, int64_t step, double lr, double
   model::ForwardOptions options = parts.applied.forward;
   options.prune_slots = false;
   options.trim_text = false;
-  options.skip_padded_rows = false;  // its row count varies with the batch: the captured shapes would not
+  options.skip_padded_rows = false;  // the live row count varies by batch; a captured graph keeps its shapes
   const auto key = shapes_of(batch);
 
   if (graph_ && (key != key_ || clip_norm != clip_norm_)) {
