@@ -611,11 +611,11 @@ TimedGemms& timed_gemms_state() {
 
 constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
 
-// The prefix MLPs run on each batch's live rows (model::live_prefix_rows), so a dimension that counts rows changes
-// from step to step; timing every new row count would synchronize the device in every step. Dimensions of 8192 or
-// more are keyed by their multiple of 2048 instead: a new row count reuses its bucket's choice (cuBLASLt checks
-// that the algorithm takes the problem; a refusal falls back to at::_scaled_mm). The model's own widths up to
-// 16384 are multiples of 2048 or below 8192, so they keep their exact key.
+// The backbone's prefix stream keeps each batch's live rows (model::live_prefix_rows), so a dimension that counts
+// rows changes from step to step; timing every new row count would synchronize the device in every step. Dimensions
+// of 8192 or more are keyed by their multiple of 2048 instead: a new row count reuses its bucket's choice (cuBLASLt
+// checks that the algorithm takes the problem; a refusal falls back to at::_scaled_mm). The model's own widths up
+// to 16384 are multiples of 2048 or below 8192, so they keep their exact key.
 int64_t size_bucket(int64_t x) {
   return x >= 8192 ? (x + 2047) / 2048 * 2048 : x;
 }

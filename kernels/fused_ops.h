@@ -23,6 +23,8 @@
 //   gelu_linear         the fc1 output (pre-activation) only; the GELU output is rebuilt by the backward kernel
 //   split_qkv_heads     nothing (its outputs are views of the merged QKV output; the backward stacks the three
 //                       gradients into one [.., 3 * width] tensor instead of three zero-filled slice gradients)
+//   gather_rows         the row list only
+//   spread_rows         the row list only
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -122,6 +124,17 @@ at::Tensor apply_rope_ref(const at::Tensor& x, const at::Tensor& cos, const at::
 // copy: SDPA reads the strided heads in place). Differentiable: the backward writes the three head gradients into
 // one [B, T, 3 * heads * D] tensor with a single stack.
 QkvHeads split_qkv_heads(const at::Tensor& qkv, int64_t heads);
+
+// ---------------------------------------------------------------------------------------------- gather_rows,
+// spread_rows A subset of rows and back (live_rows.h). rows: int64 [R], distinct rows of the flattened [n, w] tensor;
+// slots: int64 [n], row i's place in `rows` (rows[slots[i]] == i), R or more for a row not listed
+// (model::live_prefix_rows builds both). No atomics, no sums: each is the other's backward. gather_rows: x [.., w] (n
+// rows) -> [R, w], x's rows in `rows` order (index_select).
+at::Tensor gather_rows(const at::Tensor& x, const at::Tensor& rows, const at::Tensor& slots);
+// spread_rows: y [R, w] -> `sizes` (n rows of w), row i = y[slots[i]] where listed, else zero. One copy kernel on
+// CUDA (16-byte rows and alignment), else zeros and index_copy_.
+at::Tensor spread_rows(const at::Tensor& y, const at::Tensor& rows, const at::Tensor& slots,
+                       std::vector<int64_t> sizes);
 
 // ---------------------------------------------------------------------------------------------- bias_grad
 // A Linear's bias gradient from its output gradient g [..., N]: the sum of g over its rows, [N] in `dtype` (fp32

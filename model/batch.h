@@ -28,7 +28,7 @@ struct Pi05Batch {
   // masks say; unset: the masks are read.
   std::optional<std::vector<bool>> used_slots;  // per slot: image_masks[:, s].any()
   std::optional<int64_t> text_used;             // the last true column of token_masks + 1 (0: none)
-  // The valid entries' counts (ForwardOptions::skip_padded_rows sizes the prefix MLPs' rows from them).
+  // The valid entries' counts (ForwardOptions::skip_padded_rows sizes the prefix stream's rows from them).
   std::optional<int64_t> valid_images;  // image_masks.sum()
   std::optional<int64_t> valid_tokens;  // token_masks.sum()
 };

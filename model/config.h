@@ -62,11 +62,11 @@ struct ForwardOptions {
   // Skip the last layer's dead prefix work (prefix q_proj, prefix attention rows, prefix o_proj, pre-FFN norm,
   // MLP, final prefix norm): none of it reaches the loss. Call Pi05Impl::fill_missing_grads() after backward.
   bool skip_dead = true;
-  // Run the backbone's prefix MLPs on the live prefix rows only (valid image and text positions, padded up to
-  // live_row_multiple with dead ones): a padded text row is never a key and never reaches the loss, so its MLP
-  // output is dead work (exact for the loss and every gradient; the rows left out get a zero MLP output, and FP8
-  // scales are taken over the rows that run). The row count comes from the batch's valid_images and valid_tokens
-  // where set, else from the masks read back (a host sync).
+  // Keep the backbone's prefix stream on the live prefix rows only (valid image and text positions, padded up to
+  // live_row_multiple with dead ones): a padded text row is never a key and never reaches the loss, so its norms,
+  // projections and MLP are dead work (exact for the loss and every gradient; the attention sees zero Q/K/V on the
+  // rows left out, and FP8 scales are taken over the rows that run). The row count comes from the batch's
+  // valid_images and valid_tokens where set, else from the masks read back (a host sync).
   bool skip_padded_rows = true;
   int64_t live_row_multiple = 64;
   Attention attention = Attention::kLean;

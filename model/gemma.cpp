@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/fused_ops.h"
 #include "model/float8_linear.h"
 #include "model/merged_gemm.h"
 #include "model/recompute.h"
@@ -30,48 +31,10 @@ std::vector<torch::Tensor> concat(std::vector<torch::Tensor> a, const std::vecto
   return a;
 }
 
-// [n, w] with rows[i] -> row i of `src`, every other row zero (rows distinct: no atomics, no sums).
-torch::Tensor spread_rows(const torch::Tensor& src, const torch::Tensor& rows, int64_t n) {
-  return torch::zeros({n, src.size(-1)}, src.options()).index_copy_(0, rows, src);
-}
-
-// The live rows of x [.., w] as [R, w]; backward spreads the gradient back (zero for the rows left out). ATen's
-// index_select backward would index_add with atomics.
-struct GatherRowsFn : public torch::autograd::Function<GatherRowsFn> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               const torch::Tensor& rows) {
-    ctx->save_for_backward({rows});
-    ctx->saved_data["sizes"] = x.sizes().vec();
-    return x.reshape({-1, x.size(-1)}).index_select(0, rows);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const auto sizes = ctx->saved_data["sizes"].toIntVector();
-    const torch::Tensor rows = ctx->get_saved_variables()[0];
-    const int64_t n = c10::multiply_integers(sizes) / sizes.back();
-    return {spread_rows(grads[0].contiguous(), rows, n).view(sizes), torch::Tensor()};
-  }
-};
-
-// The inverse: y [R, w] spread into shape `sizes`, zeros elsewhere; backward gathers the live rows' gradient.
-struct SpreadRowsFn : public torch::autograd::Function<SpreadRowsFn> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& y, const torch::Tensor& rows,
-                               std::vector<int64_t> sizes) {
-    ctx->save_for_backward({rows});
-    const int64_t n = c10::multiply_integers(sizes) / sizes.back();
-    return spread_rows(y.contiguous(), rows, n).view(sizes);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const torch::Tensor rows = ctx->get_saved_variables()[0];
-    const torch::Tensor g = grads[0].contiguous();
-    return {g.view({-1, g.size(-1)}).index_select(0, rows), torch::Tensor(), torch::Tensor()};
-  }
-};
 }  // namespace
 
-torch::Tensor live_prefix_rows(const torch::Tensor& prefix_valid, int64_t multiple,
-                               std::optional<int64_t> valid_count) {
+LivePrefixRows live_prefix_rows(const torch::Tensor& prefix_valid, int64_t multiple,
+                                std::optional<int64_t> valid_count) {
   if (!prefix_valid.defined() || prefix_valid.dim() != 2 || prefix_valid.scalar_type() != torch::kBool)
     throw std::invalid_argument("live_prefix_rows: prefix_valid must be a [B, P] bool tensor");
   if (multiple < 1)
@@ -83,10 +46,13 @@ torch::Tensor live_prefix_rows(const torch::Tensor& prefix_valid, int64_t multip
     throw std::invalid_argument("live_prefix_rows: valid_count " + std::to_string(valid) + " is outside [0, " +
                                 std::to_string(n) + "]");
   const int64_t live = std::min(n, (valid + multiple - 1) / multiple * multiple);
-  if (live >= n) return torch::Tensor();
-  // Valid rows first, then padded ones, each in row order (a stable sort on "is padded").
-  const auto order = at::sort(flat.logical_not().to(torch::kUInt8), /*stable=*/std::optional<bool>(true), /*dim=*/0);
-  return std::get<1>(order).narrow(0, 0, live);
+  if (live >= n) return {};
+  // Valid rows first, then padded ones, each in row order (a stable sort on "is padded"); a row's slot is its
+  // place in that order.
+  const torch::Tensor order =
+      std::get<1>(at::sort(flat.logical_not().to(torch::kUInt8), /*stable=*/std::optional<bool>(true), /*dim=*/0));
+  const torch::Tensor slots = torch::empty_like(order).scatter_(0, order, torch::arange(n, order.options()));
+  return {order.narrow(0, 0, live), slots};
 }
 
 torch::Tensor merged_gemm(const torch::Tensor& x, std::initializer_list<const LinearImpl*> members,
@@ -246,10 +212,19 @@ std::vector<torch::Tensor> joint_attention(GemmaDecoderLayerImpl& prefix, GemmaD
   profiler::Scope scope(prefix.self_attn->fqn());
   GemmaAttentionImpl& ap = *prefix.self_attn;
   GemmaAttentionImpl& ae = *expert.self_attn;
-  const int64_t batch = xs.size(0), p = xp.size(1), s = xs.size(1);
+  const bool live = in.live_rows.defined();
+  const int64_t batch = xs.size(0), p = live ? in.prefix_len : xp.size(1), s = xs.size(1);
   const int64_t heads = ap.heads, kv_heads = ap.kv_heads, d = ap.head_dim;
   auto split = [&](const torch::Tensor& y, int64_t t, int64_t h) {  // [B, T, h*d] -> [B, h, T, d]
     return y.view({batch, t, h, d}).transpose(1, 2);
+  };
+  // With live rows: a prefix projection's rows at every prefix position ([R, c] -> [B, P, c], zero where the stream
+  // keeps no row: never a key, and a dead query), and the prefix attention output back to the stream's rows.
+  auto all_positions = [&](const torch::Tensor& y) {
+    return live ? kernels::spread_rows(y, in.live_rows, in.live_slots, {batch, p, y.size(-1)}) : y;
+  };
+  auto stream_rows = [&](const torch::Tensor& o) {
+    return live ? kernels::gather_rows(o, in.live_rows, in.live_slots) : o;
   };
   if (in.fused) {
     // Q, K and V of a branch as one GEMM against [q_proj; k_proj; v_proj] (the last layer's skipped prefix
@@ -272,8 +247,8 @@ std::vector<torch::Tensor> joint_attention(GemmaDecoderLayerImpl& prefix, GemmaD
       profiler::Scope expert_scope(ae.fqn());
       qkv_s = merged_gemm(xs, {ae.q_proj.get(), ae.k_proj.get(), ae.v_proj.get()});
     }
-    qkv_p = skip_prefix ? merged_gemm(xp, {ap.k_proj.get(), ap.v_proj.get()})
-                        : merged_gemm(xp, {ap.q_proj.get(), ap.k_proj.get(), ap.v_proj.get()});
+    qkv_p = all_positions(skip_prefix ? merged_gemm(xp, {ap.k_proj.get(), ap.v_proj.get()})
+                                      : merged_gemm(xp, {ap.q_proj.get(), ap.k_proj.get(), ap.v_proj.get()}));
     auto qkv = kernels::rope_qkv(qkv_p, qkv_s, in.cos, in.sin, heads, kv_heads, /*prefix_q=*/!skip_prefix);
     // The attention output per branch, [B, T, heads, D] in any layout: varlen gives the branches (cuDNN: each
     // contiguous, so each o_proj input is a view; FlashAttention-2: views of one token-major output, copied by the
@@ -295,22 +270,23 @@ std::vector<torch::Tensor> joint_attention(GemmaDecoderLayerImpl& prefix, GemmaD
       branches = skip_prefix ? std::vector<torch::Tensor>{o} : o.split_with_sizes({p, s}, 1);
     }
     if (skip_prefix) return {ae.o_proj(branches[0].reshape({batch, s, heads * d}))};
-    return {ap.o_proj(branches[0].reshape({batch, p, heads * d})),
+    return {ap.o_proj(stream_rows(branches[0].reshape({batch, p, heads * d}))),
             ae.o_proj(branches[1].reshape({batch, s, heads * d}))};
   }
   // Concatenate along the sequence, prefix first (spec §3 step 3), then RoPE on the joint positions.
-  auto k = kernels::apply_rope_ref(at::cat({split(ap.k_proj(xp), p, kv_heads), split(ae.k_proj(xs), s, kv_heads)}, 2),
-                                   in.cos, in.sin);
-  auto v = at::cat({split(ap.v_proj(xp), p, kv_heads), split(ae.v_proj(xs), s, kv_heads)}, 2);
+  auto k = kernels::apply_rope_ref(
+      at::cat({split(all_positions(ap.k_proj(xp)), p, kv_heads), split(ae.k_proj(xs), s, kv_heads)}, 2), in.cos,
+      in.sin);
+  auto v = at::cat({split(all_positions(ap.v_proj(xp)), p, kv_heads), split(ae.v_proj(xs), s, kv_heads)}, 2);
   if (skip_prefix) {
     auto q = kernels::apply_rope_ref(split(ae.q_proj(xs), s, heads), in.cos.narrow(2, p, s), in.sin.narrow(2, p, s));
     auto o = attention_core(q, k, v, in.mask.narrow(2, p, s), in.attention);
     return {ae.o_proj(o.transpose(1, 2).reshape({batch, s, heads * d}))};
   }
-  auto q = kernels::apply_rope_ref(at::cat({split(ap.q_proj(xp), p, heads), split(ae.q_proj(xs), s, heads)}, 2), in.cos,
-                                   in.sin);
+  auto q = kernels::apply_rope_ref(
+      at::cat({split(all_positions(ap.q_proj(xp)), p, heads), split(ae.q_proj(xs), s, heads)}, 2), in.cos, in.sin);
   auto o = attention_core(q, k, v, in.mask, in.attention).transpose(1, 2).reshape({batch, p + s, heads * d});
-  return {ap.o_proj(o.narrow(1, 0, p)), ae.o_proj(o.narrow(1, p, s))};
+  return {ap.o_proj(stream_rows(o.narrow(1, 0, p))), ae.o_proj(o.narrow(1, p, s))};
 }
 
 std::vector<torch::Tensor> joint_layer(GemmaDecoderLayerImpl& prefix, GemmaDecoderLayerImpl& expert,
@@ -328,18 +304,12 @@ std::vector<torch::Tensor> joint_layer(GemmaDecoderLayerImpl& prefix, GemmaDecod
   if (options.recompute_attention) {
     GemmaDecoderLayerImpl* pp = &prefix;
     GemmaDecoderLayerImpl* pe = &expert;
-    const Attention mode = in.attention;
     attn = recompute(
-        [pp, pe, mode, skip, fused, varlen_joint = in.varlen_joint,
-         varlen_suffix = in.varlen_suffix](const std::vector<torch::Tensor>& x) {
-          JointInputs j;
+        [pp, pe, skip, shared = in](const std::vector<torch::Tensor>& x) {
+          JointInputs j = shared;  // the tensors the recompute re-reads come from its inputs
           j.cos = x[2];
           j.sin = x[3];
           j.mask = x[4];
-          j.attention = mode;
-          j.fused = fused;
-          j.varlen_joint = varlen_joint;
-          j.varlen_suffix = varlen_suffix;
           return joint_attention(*pp, *pe, x[0], x[1], j, skip);
         },
         {np.y, ns.y, in.cos, in.sin, in.mask}, concat(prefix.self_attn->parameters(), expert.self_attn->parameters()));
@@ -368,13 +338,10 @@ std::vector<torch::Tensor> joint_layer(GemmaDecoderLayerImpl& prefix, GemmaDecod
   if (skip) return {hs_out};
 
   // Prefix: plain residuals, the attention residual inside the pre-FFN RMSNorm. np.h: hp through the pre-attention
-  // norm, whose backward kernel then adds this norm's gradient of hp (fused path).
+  // norm, whose backward kernel then adds this norm's gradient of hp (fused path). With live rows, all of it on the
+  // stream's [R, Wp] rows.
   NormOutput np2 = prefix.residual_pre_ffn_norm(np.h, attn[0], torch::Tensor(), torch::Tensor(), path);
-  const torch::Tensor& live = in.live_prefix_rows;
-  const torch::Tensor mlp_in = live.defined() ? GatherRowsFn::apply(np2.y, live) : np2.y;
-  torch::Tensor mlp_out = run_mlp(*prefix.mlp, mlp_in, options.recompute_prefix_mlp, options.recompute_prefix_gate_up);
-  if (live.defined()) mlp_out = SpreadRowsFn::apply(mlp_out, live, np2.h.sizes().vec());
-  return {np2.h + mlp_out, hs_out};
+  return {np2.h + run_mlp(*prefix.mlp, np2.y, options.recompute_prefix_mlp, options.recompute_prefix_gate_up), hs_out};
 }
 
 }  // namespace vlatune::model

@@ -89,24 +89,31 @@ struct JointInputs {
   // Set (fused, lean, kernels::varlen_attention_supported): the mask as varlen sequences, for layers with prefix
   // queries and for the last layer's suffix queries alone; the attention then reads no mask tensor.
   std::shared_ptr<const kernels::VarlenLayout> varlen_joint, varlen_suffix;
-  // Set (ForwardOptions::skip_padded_rows): int64 [R], the flattened [B * P] prefix rows the prefix MLPs run on
-  // (live_prefix_rows); the MLP output of every other row is zero.
-  torch::Tensor live_prefix_rows;
+  // Set (ForwardOptions::skip_padded_rows, live_prefix_rows): the prefix stream is [R, Wp], the live rows only;
+  // the prefix Q/K/V GEMM outputs are spread over all B * P positions for the attention (zero elsewhere) and the
+  // prefix attention output's live rows gathered back for o_proj. Unset: the prefix stream is [B, P, Wp].
+  torch::Tensor live_rows, live_slots;  // int64 [R] and [B * P] (LivePrefixRows)
+  int64_t prefix_len = 0;               // P (set with the live rows: the stream no longer shows it)
 };
 
-// The prefix rows worth an MLP: every valid row of `prefix_valid` ([B, P] bool) in order, then the first padded
-// rows up to a multiple of `multiple` (whole GEMM tiles; dead rows, distinct). Undefined when that leaves out no
-// row. `valid_count`: prefix_valid.sum() where the caller knows it on the host; unset, it is read back (a sync).
-torch::Tensor live_prefix_rows(const torch::Tensor& prefix_valid, int64_t multiple,
-                               std::optional<int64_t> valid_count = std::nullopt);
+// The prefix rows worth computing: every valid row of `prefix_valid` ([B, P] bool) in order, then the first padded
+// rows up to a multiple of `multiple` (whole GEMM tiles; dead rows, distinct). rows: int64 [R], flattened [B * P]
+// indices; slots: int64 [B * P], a row's place in `rows` (R or more for a row left out). Both undefined when that
+// leaves out no row. `valid_count`: prefix_valid.sum() where the caller knows it on the host; unset, it is read
+// back (a sync).
+struct LivePrefixRows {
+  torch::Tensor rows, slots;
+};
+LivePrefixRows live_prefix_rows(const torch::Tensor& prefix_valid, int64_t multiple,
+                                std::optional<int64_t> valid_count = std::nullopt);
 
 // RoPE tables for positions [B, N]: theta_i = pos / 10000^(2i/head_dim), i < head_dim/2, in `math`.
 std::pair<torch::Tensor, torch::Tensor> rope_tables(const torch::Tensor& positions, int64_t head_dim,
                                                     c10::ScalarType math);
 
-// Joint attention block of one layer (the "self_attn" unit): norm outputs -> o_proj outputs. xp [B, P, Wp],
-// xs [B, S, Ws]. Returns {attn_p [B, P, Wp], attn_s [B, S, Ws]}; with skip_prefix only {attn_s}: prefix
-// queries, their attention rows and the prefix o_proj are skipped (the prefix K/V are still computed).
+// Joint attention block of one layer (the "self_attn" unit): norm outputs -> o_proj outputs. xp [B, P, Wp] (with
+// live rows: [R, Wp]), xs [B, S, Ws]. Returns {attn_p (xp's shape), attn_s [B, S, Ws]}; with skip_prefix only {attn_s}:
+// prefix queries, their attention rows and the prefix o_proj are skipped (the prefix K/V are still computed).
 std::vector<torch::Tensor> joint_attention(GemmaDecoderLayerImpl& prefix, GemmaDecoderLayerImpl& expert,
                                            const torch::Tensor& xp, const torch::Tensor& xs, const JointInputs& in,
                                            bool skip_prefix);

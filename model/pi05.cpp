@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "formats/fqn_pattern.h"
+#include "kernels/fused_ops.h"
 #include "layout/pi05.h"
 #include "model/recompute.h"
 #include "profiler/scope.h"
@@ -349,7 +350,10 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
       check("valid_tokens", *shortcut.valid_tokens, tokens.numel());
       valid_count = (slots > 0 ? *shortcut.valid_images * cfg_.vision.tokens_per_image() : 0) + *shortcut.valid_tokens;
     }
-    joint.live_prefix_rows = live_prefix_rows(pmask, options.live_row_multiple, valid_count);
+    LivePrefixRows live = live_prefix_rows(pmask, options.live_row_multiple, valid_count);
+    joint.live_rows = live.rows;
+    joint.live_slots = live.slots;
+    joint.prefix_len = p;
   }
   auto positions = valid.to(torch::kLong).cumsum(1) - 1;
   std::tie(joint.cos, joint.sin) = rope_tables(positions, cfg_.backbone.head_dim, md);
@@ -365,31 +369,29 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
       joint.varlen_suffix =
           std::make_shared<const kernels::VarlenLayout>(kernels::suffix_queries_layout(*joint.varlen_joint, valid));
   }
+  // With live rows the prefix stream is [R, Wp] from here on (JointInputs::live_rows).
+  const bool live = joint.live_rows.defined();
+  if (live) hp = kernels::gather_rows(hp, joint.live_rows, joint.live_slots);
   inputs_scope.reset();
 
-  // 5. Joint layers.
+  // 5. Joint layers. prefix_states are shown at every position, zero on the rows the stream leaves out.
   Output out;
+  auto prefix_state = [&](const torch::Tensor& h) {
+    return live ? kernels::spread_rows(h, joint.live_rows, joint.live_slots, {b, p, h.size(-1)}) : h;
+  };
   const auto depth = static_cast<size_t>(cfg_.backbone.depth);
   for (size_t i = 0; i < depth; ++i) {
-    if (options.keep_prefix_states) out.prefix_states.push_back(hp);
+    if (options.keep_prefix_states) out.prefix_states.push_back(prefix_state(hp));
     JointLayerOptions layer_options;
     layer_options.skip_prefix = options.skip_dead && i + 1 == depth;
     GemmaDecoderLayerImpl* lp = lm.layers[i].get();
     GemmaDecoderLayerImpl* le = ex.layers[i].get();
     std::vector<torch::Tensor> result;
     if (recompute_.joint_layer[i]) {
-      const Attention mode = options.attention;
-      const bool fused = joint.fused;
       std::vector<torch::Tensor> inputs{hp, hs, joint.cond, joint.cos, joint.sin, joint.mask};
       result = recompute(
-          [lp, le, mode, fused, layer_options, varlen_joint = joint.varlen_joint, varlen_suffix = joint.varlen_suffix,
-           live = joint.live_prefix_rows](const std::vector<torch::Tensor>& in) {
-            JointInputs j;
-            j.attention = mode;
-            j.fused = fused;
-            j.varlen_joint = varlen_joint;
-            j.varlen_suffix = varlen_suffix;
-            j.live_prefix_rows = live;
+          [lp, le, layer_options, shared = joint](const std::vector<torch::Tensor>& in) {
+            JointInputs j = shared;  // the tensors the recompute re-reads come from its inputs
             j.cond = in[2];
             j.cos = in[3];
             j.sin = in[4];
@@ -408,7 +410,7 @@ Pi05Impl::Output Pi05Impl::forward(const Pi05Batch& batch, const ForwardOptions&
     if (!layer_options.skip_prefix) hp = result[0];
   }
   if (!options.skip_dead) {
-    if (options.keep_prefix_states) out.prefix_states.push_back(hp);
+    if (options.keep_prefix_states) out.prefix_states.push_back(prefix_state(hp));
     lm.final_norm(hp, torch::Tensor());  // computed but unused, as in openpi (skip_dead drops it)
   }
 

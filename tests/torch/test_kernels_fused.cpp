@@ -376,6 +376,43 @@ TEST_CASE("split_qkv_heads gives the narrow-and-transpose views and their gradie
   CHECK(views.k.data_ptr() == static_cast<char*>(qkv.data_ptr()) + w * qkv.element_size());
 }
 
+TEST_CASE("gather_rows and spread_rows move the listed rows and are each other's backward", "[fused][kernels]") {
+  torch::manual_seed(9);
+  // [2, 3] rows of width 4; rows 4, 0, 2 listed (slots: their places; 3 or more for the rest).
+  const auto rows = torch::tensor({4, 0, 2}, torch::kLong);
+  const auto slots = torch::tensor({1, 3, 2, 4, 0, 5}, torch::kLong);
+  const auto x = randn({2, 3, 4});
+  auto gathered = k::gather_rows(x, rows, slots);
+  CHECK(torch::equal(gathered, x.reshape({6, 4}).index_select(0, rows)));
+  const auto y = randn({3, 4});
+  auto spread = k::spread_rows(y, rows, slots, {2, 3, 4});
+  CHECK(spread.sizes() == torch::IntArrayRef{2, 3, 4});
+  CHECK(torch::equal(spread.reshape({6, 4}).index_select(0, rows), y));
+  for (int64_t r : {1, 3, 5}) CHECK(torch::equal(spread.reshape({6, 4})[r], torch::zeros({4}, torch::kFloat64)));
+  // Gradients: the gather's is the spread of its output gradient, and the other way round.
+  const std::vector<torch::Tensor> seed_rows = {randn({3, 4})}, seed_all = {randn({2, 3, 4})};
+  auto [out_g, grad_g] = run_with_grads(
+      [&](const std::vector<torch::Tensor>& in) {
+        return std::vector<torch::Tensor>{k::gather_rows(in[0], rows, slots)};
+      },
+      {x}, seed_rows);
+  CHECK(torch::equal(grad_g[0], k::spread_rows(seed_rows[0], rows, slots, {2, 3, 4})));
+  auto [out_s, grad_s] = run_with_grads(
+      [&](const std::vector<torch::Tensor>& in) {
+        return std::vector<torch::Tensor>{k::spread_rows(in[0], rows, slots, {2, 3, 4})};
+      },
+      {y}, seed_all);
+  CHECK(torch::equal(grad_s[0], k::gather_rows(seed_all[0], rows, slots)));
+  // Bad inputs are named.
+  CHECK_THROWS_WITH(k::gather_rows(x, rows.to(torch::kInt), slots),
+                    Catch::Contains("gather_rows: rows must be an int64"));
+  CHECK_THROWS_WITH(k::gather_rows(x, rows, slots.narrow(0, 0, 5)),
+                    Catch::Contains("slots must be an int64 [6] tensor (one per row)"));
+  CHECK_THROWS_WITH(k::spread_rows(y, rows, slots, {2, 3, 5}), Catch::Contains("sizes must end in y's width 4"));
+  CHECK_THROWS_WITH(k::spread_rows(y.narrow(0, 0, 2), rows, slots, {2, 3, 4}),
+                    Catch::Contains("spread_rows: y must have one row per listed row (3)"));
+}
+
 TEST_CASE("bias_grad on the CPU is ATen's sum over rows, cast to the parameter dtype", "[fused][kernels]") {
   const auto g = randn({3, 5, 24}, torch::kFloat32);
   CHECK(torch::equal(k::bias_grad(g, torch::kFloat32), g.reshape({-1, 24}).sum(0)));
@@ -652,6 +689,42 @@ TEST_CASE("bias_grad on the GPU matches an fp64 sum over rows, kernel and fallba
   CHECK(rel_err(got, g.to(torch::kCPU, torch::kFloat64).sum(0)) < (dtype == torch::kBFloat16 ? 1e-2 : 1e-5));
   // In another dtype than the gradient's (fp32-master biases): the same sums, cast.
   if (dtype == torch::kBFloat16) CHECK(torch::equal(k::bias_grad(g, torch::kFloat32), got.to(torch::kFloat32)));
+}
+
+TEST_CASE("The CUDA spread of live rows copies the reference's bytes, and its gradient gathers them back",
+          "[.gpu][fused]") {
+  REQUIRE(torch::cuda::is_available());
+  const auto dtype = GENERATE(torch::kBFloat16, torch::kFloat32);
+  // Widths: one 16-byte word (bf16 8), the backbone's 2,048 and its Q/K/V 2,560, a partial thread block (1,000 bf16 =
+  // 125 words); 12 bf16 columns are not whole words (the reference path). Rows: a tiny one, the benchmark's 32 x 712.
+  const int64_t width = GENERATE(8, 12, 1000, 2048, 2560);
+  const int64_t n = GENERATE(5, 22784);
+  INFO("dtype " << c10::toString(dtype) << " width " << width << " rows " << n);
+  torch::manual_seed(n + width);
+  const auto keep = torch::rand({n}) < 0.8;  // the live rows, then a few dead ones
+  keep[0] = true;
+  const auto order = std::get<1>(at::sort(keep.logical_not().to(torch::kUInt8), std::optional<bool>(true), 0));
+  const int64_t live = std::min<int64_t>(n, keep.sum().item<int64_t>() + 1);
+  const auto rows = order.narrow(0, 0, live);
+  const auto slots = torch::empty_like(order).scatter_(0, order, torch::arange(n, torch::kLong));
+  auto y = randn({live, width}).to(dtype);
+  y[0][0] = -0.0;  // bytes, not values: a negative zero stays one
+  const auto want = k::spread_rows(y, rows, slots, {n, width});
+  const auto y_dev = y.to(torch::kCUDA).requires_grad_(true);
+  const auto got = k::spread_rows(y_dev, rows.to(torch::kCUDA), slots.to(torch::kCUDA), {n, width});
+  const auto seed = randn({n, width}).to(torch::kCUDA, dtype);
+  (got.to(torch::kFloat64) * seed.to(torch::kFloat64)).sum().backward();
+  torch::cuda::synchronize();
+  CHECK(torch::equal(got.detach().to(torch::kCPU).view(torch::kByte), want.view(torch::kByte)));
+  CHECK(torch::equal(y_dev.grad().to(torch::kCPU), seed.to(torch::kCPU).index_select(0, rows)));
+  // The gather's gradient is the spread: the kernel again, on the gradient.
+  const auto x_dev = randn({n, width}).to(torch::kCUDA, dtype).requires_grad_(true);
+  const auto g_rows = randn({live, width}).to(torch::kCUDA, dtype);
+  (k::gather_rows(x_dev, rows.to(torch::kCUDA), slots.to(torch::kCUDA)).to(torch::kFloat64) *
+   g_rows.to(torch::kFloat64))
+      .sum()
+      .backward();
+  CHECK(torch::equal(x_dev.grad().to(torch::kCPU), k::spread_rows(g_rows.to(torch::kCPU), rows, slots, {n, width})));
 }
 
 TEST_CASE("The CUDA GELU kernels (inside gelu_linear) match the fp64 reference", "[.gpu][fused]") {

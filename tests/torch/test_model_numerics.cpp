@@ -231,25 +231,28 @@ TEST_CASE("The loss can be restricted to the real action dims", "[model]") {
   CHECK_THROWS_AS(model.forward(b, seven), std::invalid_argument);
 }
 
-TEST_CASE("live_prefix_rows lists the valid rows, then padded ones up to the multiple", "[model]") {
+TEST_CASE("live_prefix_rows lists the valid rows, then padded ones up to the multiple, and each row's slot",
+          "[model]") {
   // Rows of [2, 4]: sample 0 valid at 0, 1; sample 1 valid at 4, 6 (row 5 padded inside, row 7 after).
   const auto valid = torch::tensor({1, 1, 0, 0, 1, 0, 1, 0}, torch::kBool).view({2, 4});
-  const torch::Tensor exact = live_prefix_rows(valid, 1);
-  REQUIRE(exact.defined());
-  CHECK(torch::equal(exact, torch::tensor({0, 1, 4, 6}, torch::kLong)));
-  const torch::Tensor tiles = live_prefix_rows(valid, 3);  // 4 valid -> 6 rows: the first two padded ones added
-  REQUIRE(tiles.defined());
-  CHECK(torch::equal(tiles, torch::tensor({0, 1, 4, 6, 2, 3}, torch::kLong)));
-  CHECK_FALSE(live_prefix_rows(valid, 8).defined());  // rounding up leaves out nothing
-  CHECK_FALSE(live_prefix_rows(torch::ones({2, 4}, torch::kBool), 1).defined());
+  const LivePrefixRows exact = live_prefix_rows(valid, 1);
+  REQUIRE(exact.rows.defined());
+  CHECK(torch::equal(exact.rows, torch::tensor({0, 1, 4, 6}, torch::kLong)));
+  // Every row's place in the order valid-then-padded: the live ones (< 4) invert `rows`.
+  CHECK(torch::equal(exact.slots, torch::tensor({0, 1, 4, 5, 2, 6, 3, 7}, torch::kLong)));
+  const LivePrefixRows tiles = live_prefix_rows(valid, 3);  // 4 valid -> 6 rows: the first two padded ones added
+  REQUIRE(tiles.rows.defined());
+  CHECK(torch::equal(tiles.rows, torch::tensor({0, 1, 4, 6, 2, 3}, torch::kLong)));
+  CHECK(torch::equal(tiles.slots.index_select(0, tiles.rows), torch::arange(6, torch::kLong)));
+  CHECK_FALSE(live_prefix_rows(valid, 8).rows.defined());  // rounding up leaves out nothing
+  CHECK_FALSE(live_prefix_rows(torch::ones({2, 4}, torch::kBool), 1).rows.defined());
   CHECK_THROWS_WITH(live_prefix_rows(valid, 0), Catch::Contains("multiple must be positive, got 0"));
   CHECK_THROWS_WITH(live_prefix_rows(valid.to(torch::kLong), 1), Catch::Contains("[B, P] bool"));
-  CHECK(torch::equal(live_prefix_rows(valid, 1, 4), exact));  // the count given: nothing read back
+  CHECK(torch::equal(live_prefix_rows(valid, 1, 4).rows, exact.rows));  // the count given: nothing read back
   CHECK_THROWS_WITH(live_prefix_rows(valid, 1, 9), Catch::Contains("valid_count 9 is outside [0, 8]"));
 }
 
-TEST_CASE("The prefix MLPs on the live rows only: same loss and gradients, zero MLP output on the rows left out",
-          "[model]") {
+TEST_CASE("The prefix stream on the live rows only: same loss and gradients, zero on the rows left out", "[model]") {
   const auto kernels = GENERATE(Kernels::kReference, Kernels::kFused);
   const auto dtype = kernels == Kernels::kReference ? torch::kFloat64 : torch::kFloat32;
   const int64_t multiple = GENERATE(1, 8);
@@ -277,9 +280,10 @@ TEST_CASE("The prefix MLPs on the live rows only: same loss and gradients, zero 
     }
   };
   check_grads(grads_live, grads_all);
-  // Recomputed (the prefix MLP, its gate+up output, the whole joint layer): the same live rows again.
+  // Recomputed (the joint attention, the prefix MLP, its gate+up output, the whole joint layer): the same live rows
+  // again.
   const std::string layer0 = "paligemma_with_expert.paligemma.model.language_model.layers.0";
-  for (const std::string& unit : {layer0 + ".mlp", layer0 + ".mlp.gate_proj+up_proj", layer0}) {
+  for (const std::string& unit : {layer0 + ".self_attn", layer0 + ".mlp", layer0 + ".mlp.gate_proj+up_proj", layer0}) {
     INFO("recompute " << unit);
     model.set_recompute({unit});
     auto [loss_r, grads_r] = loss_and_grads(model, b, live);
@@ -302,7 +306,7 @@ TEST_CASE("The prefix MLPs on the live rows only: same loss and gradients, zero 
   summarized.valid_tokens = b.token_masks.sum().item<int64_t>();
   summarized.valid_images = 7;  // 2 samples x 2 kept slots
   CHECK_THROWS_WITH(model.forward(summarized, live), Catch::Contains("the batch's valid_images 7 is outside [0, 4]"));
-  // Layer 0's output: equal on the valid rows; the padded rows left out lack the MLP output, so they differ.
+  // Layer 0's output: equal on the valid rows; the padded rows left out are not computed (shown as zeros).
   all_rows.keep_prefix_states = live.keep_prefix_states = true;
   torch::NoGradGuard no_grad;
   const auto states_all = model.forward(b, all_rows).prefix_states.at(1);
@@ -318,5 +322,11 @@ TEST_CASE("The prefix MLPs on the live rows only: same loss and gradients, zero 
   const auto padded_rows = valid.reshape({-1}).logical_not().nonzero().squeeze(1);
   REQUIRE(padded_rows.size(0) > multiple);  // some padded rows are left out at either multiple
   CHECK(rel_diff(rows_live.index_select(0, valid_rows), rows_all.index_select(0, valid_rows)) < tol);
-  CHECK_FALSE(torch::allclose(rows_live.index_select(0, padded_rows), rows_all.index_select(0, padded_rows)));
+  const LivePrefixRows kept = live_prefix_rows(valid, multiple);
+  REQUIRE(kept.rows.defined());
+  const auto left_out = (kept.slots >= kept.rows.size(0)).nonzero().squeeze(1);
+  REQUIRE(left_out.size(0) > 0);
+  CHECK(torch::equal(rows_live.index_select(0, left_out),
+                     torch::zeros({left_out.size(0), rows_live.size(1)}, rows_live.options())));
+  CHECK_FALSE(torch::allclose(rows_live.index_select(0, left_out), rows_all.index_select(0, left_out)));
 }
