@@ -1,6 +1,7 @@
 #include "tuner/batch_choice.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 namespace vlatune::tuner {
@@ -75,8 +76,14 @@ int choose_batch(const CostModel& model, const std::vector<BatchOption>& options
   for (int i = 0; i < static_cast<int>(options.size()); ++i) {
     const BatchOption& o = options[static_cast<size_t>(i)];
     if (!o.feasible) continue;
+    // Within rounding of a tie, the larger micro-batch: fewer launches and optimizer-free passes per sample, which
+    // the linear fit does not price.
     auto better = [&](int j) {
-      return j < 0 || o.prediction.samples_per_s > options[static_cast<size_t>(j)].prediction.samples_per_s;
+      if (j < 0) return true;
+      const BatchOption& other = options[static_cast<size_t>(j)];
+      const double tie = 1e-9 * other.prediction.samples_per_s;
+      if (std::abs(o.prediction.samples_per_s - other.prediction.samples_per_s) <= tie) return o.batch > other.batch;
+      return o.prediction.samples_per_s > other.prediction.samples_per_s;
     };
     if (better(best)) best = i;
     if (trusted(o.batch) && better(best_trusted)) best_trusted = i;

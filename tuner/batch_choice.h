@@ -57,8 +57,8 @@ std::vector<BatchOption> evaluate_batches(const CostModel& model, double budget_
 // bench/RESULTS.md) are trusted; batches outside the profiled range are extrapolated.
 bool in_profiled_range(const CostModel& model, int64_t batch);
 
-// The index of the chosen option, or -1 when none is feasible: the most predicted samples/s, except that an
-// extrapolated batch must beat the best trusted one by kExtrapolationMargin.
+// The index of the chosen option, or -1 when none is feasible: the most predicted samples/s (the larger batch of a
+// tie), except that an extrapolated batch must beat the best trusted one by kExtrapolationMargin.
 int choose_batch(const CostModel& model, const std::vector<BatchOption>& options);
 
 }  // namespace vlatune::tuner

@@ -165,11 +165,6 @@ void fit_batches(CostModel& m) {
     b1_peak = peak1;
     if (profile.batches.size() > 2) m.notes.push_back("batches[2..] ignored: the fits use the first two batch sizes");
   }
-  const double bb0 = static_cast<double>(b0.batch);
-  m.step_ms = fit_linear(bb0, b0.step_ms, b1_batch, b1_step);
-  m.peak_gib = fit_linear(bb0, m.profiled_peak_gib, b1_batch, b1_peak);
-  if (!b1_batch)
-    m.notes.push_back("one batch size profiled: step time, peak and activations scale in proportion to the batch");
   // Accumulation (cost_model.h): what the profiled step repeats per micro-batch and what it runs once.
   m.profiled_grad_accum = std::max(1, profile.recipe.batch.grad_accum);
   for (const ModuleCost& row : b0.modules)
@@ -177,6 +172,18 @@ void fit_batches(CostModel& m) {
   if (!std::any_of(b0.modules.begin(), b0.modules.end(), [](const ModuleCost& r) { return r.fqn == "<optimizer>"; }))
     m.notes.push_back(
         "no <optimizer> row: with gradient accumulation the whole profiled step is counted per micro-batch");
+  // The step is fitted without the optimizer update, which runs once per step whatever the batch: a two-point fit
+  // of the whole step can put its intercept below the optimizer's time (a batch-16 step measured at half the
+  // batch-32 one, within noise), and then every extra micro-batch of an accumulated plan would look cheaper than
+  // its own work.
+  const double bb0 = static_cast<double>(b0.batch);
+  const double once = m.optimizer_ms;
+  m.step_ms =
+      fit_linear(bb0, b0.step_ms - once, b1_batch, b1_step ? std::optional<double>(*b1_step - once) : std::nullopt);
+  m.step_ms.fixed += once;
+  m.peak_gib = fit_linear(bb0, m.profiled_peak_gib, b1_batch, b1_peak);
+  if (!b1_batch)
+    m.notes.push_back("one batch size profiled: step time, peak and activations scale in proportion to the batch");
   const std::optional<int64_t> grads = b0.memory.gradient_bytes ? b0.memory.gradient_bytes : b0.memory.parameter_bytes;
   m.gradient_gib = static_cast<double>(grads.value_or(0)) / kGiB;
   // The profiled peak above the forward phase's: gradients it already held (cost_model.h).

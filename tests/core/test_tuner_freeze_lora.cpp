@@ -211,11 +211,12 @@ TEST_CASE("LoRA adapters are rank x (members x k + n) elements per adapted GEMM,
   }
   CHECK(expected > 0);
   CHECK(m.trainable.adapter_numel == expected);
-  // Both towers' own parameters freeze; the vision tower, the projector and the action/time projections train.
-  const double frozen =
-      row(0, layout::kEmbedTokens, "parameter_bytes") + row(0, layout::kExpertModel, "parameter_bytes");
+  // Both towers' own parameters freeze; the vision tower, the projector and the action/time projections train. The
+  // expert's: its layers and final norm (the expert model launches nothing of its own, so it need not have a row).
+  double frozen = row(0, layout::kEmbedTokens, "parameter_bytes") + row(0, layout::kExpertNorm, "parameter_bytes");
   double layers = 0;
-  for (int i = 0; i < 18; ++i) layers += row(0, layout::prefix_layer(i), "parameter_bytes");
+  for (int i = 0; i < 18; ++i)
+    layers += row(0, layout::prefix_layer(i), "parameter_bytes") + row(0, layout::expert_layer(i), "parameter_bytes");
   CHECK(m.trainable.frozen_parameter_bytes == frozen + layers);
   CHECK(m.trainable.gemm_removed_ms > 0);
   CHECK(m.trainable.adapter_ms > 0);

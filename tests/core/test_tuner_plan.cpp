@@ -570,6 +570,25 @@ TEST_CASE("a step time that does not grow with the batch within the timed steps'
   CHECK_THAT(e.what(), Catch::Contains("by more than the timed steps' spread (3.40 ms)"));
 }
 
+TEST_CASE("the optimizer's once-per-step time stays out of the per-sample fit", "[tuner][cost]") {
+  // A batch-16 step measured at half the batch-32 one (within noise of it): a fit of the whole step puts the
+  // intercept at zero, below the optimizer's time, and then prices 32 micro-batches of one sample, each with the
+  // optimizer's time taken back out, far under the work they do.
+  json j = synthetic_json();
+  const double s32 = j["batches"][0]["step_ms"].get<double>();
+  j["batches"][1]["step_ms"] = s32 / 2;
+  j["batches"][1]["step_ms_samples"] = {s32 / 2, s32 / 2, s32 / 2};
+  const formats::Profile profile = formats::parse_profile(j, "profile.json");
+  const CostModel m = build_cost_model(profile, "profile.json");
+  REQUIRE(m.optimizer_ms > 0);
+  CHECK(m.step_ms.fixed == Approx(m.optimizer_ms));
+  CHECK(m.step_ms.at(32) == Approx(s32));
+  // No micro-batch is predicted faster than the profiled one (all tie: the larger batch is kept).
+  const PlanResult r = plan(profile, "profile.json", at_batch(32));
+  CHECK(r.recipe.batch.micro_batch == 32);
+  CHECK(r.recipe.batch.grad_accum == 1);
+}
+
 TEST_CASE("fit_linear extrapolates two batches and falls back to proportional", "[tuner][cost]") {
   const LinearFit f = fit_linear(32, 770, 16, 400);
   CHECK(f.per_sample == Approx(23.125));
