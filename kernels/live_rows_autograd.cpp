@@ -74,7 +74,7 @@ struct SpreadRowsFn : public torch::autograd::Function<SpreadRowsFn> {
 // rows int64 [R] and slots int64 [n] on x's device, R <= n.
 void check_rows(const char* op, const at::Tensor& x, const at::Tensor& rows, const at::Tensor& slots, int64_t n) {
   if (!rows.defined() || rows.dim() != 1 || rows.scalar_type() != at::kLong || rows.device() != x.device())
-    fail(op, "rows must be an int64 [R] tensor on " + describe(x) + "'s device", rows);
+    fail(op, "rows must be an int64 [R] tensor on the device of x (" + describe(x) + ")", rows);
   if (!slots.defined() || slots.dim() != 1 || slots.scalar_type() != at::kLong || slots.device() != x.device() ||
       slots.size(0) != n)
     fail(op, "slots must be an int64 [" + std::to_string(n) + "] tensor (one per row) on the rows' device", slots);
