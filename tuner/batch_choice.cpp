@@ -76,8 +76,8 @@ int choose_batch(const CostModel& model, const std::vector<BatchOption>& options
   for (int i = 0; i < static_cast<int>(options.size()); ++i) {
     const BatchOption& o = options[static_cast<size_t>(i)];
     if (!o.feasible) continue;
-    // Within rounding of a tie, the larger micro-batch: fewer launches and optimizer-free passes per sample, which
-    // the linear fit does not price.
+    // Within rounding of a tie, the larger micro-batch: fewer kernel launches per sample, which the linear fit does
+    // not price.
     auto better = [&](int j) {
       if (j < 0) return true;
       const BatchOption& other = options[static_cast<size_t>(j)];
