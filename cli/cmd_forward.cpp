@@ -137,7 +137,7 @@ void setup_forward(CLI::App& app, Context& ctx) {
   cmd->add_flag("--no-prune", opts->no_prune, "Keep camera slots that are masked for the whole batch");
   cmd->add_flag("--no-trim", opts->no_trim, "Keep text padding");
   cmd->add_flag("--no-skip-dead", opts->no_skip_dead,
-                "Run the dead prefix work (the last layer's, the padded rows' MLPs)");
+                "Run the dead prefix work (the last layer's, and the padded prefix rows')");
   cmd->add_option("--attention", opts->attention, "lean (SDPA) or materialized (reference)")
       ->check(CLI::IsMember({"lean", "materialized"}));
   cmd->add_option("--action-dim", opts->action_dim, "Loss over the first N action dims (LeRobot: real dims)")
